@@ -1,0 +1,121 @@
+"""The ``ocpc`` command line: thin wrappers over the modules, errors printed as one line.
+
+Every command catches ``OcpcError`` at its edge, prints it on one line and exits 1.
+Listing commands take ``--json`` and then print plain JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from . import __version__
+from .errors import OcpcError
+from .settings import Settings
+
+app = typer.Typer(
+    help="oc-prefix-cache: keep OpenCode's stable prompt head warm in llama-server.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+rig_app = typer.Typer(help="The pinned CPU llama-server and tiny test models.", no_args_is_help=True)
+app.add_typer(rig_app, name="rig")
+
+err = Console(stderr=True)
+
+
+@contextmanager
+def edge() -> Iterator[None]:
+    """Turn an ``OcpcError`` into one line on stderr and exit code 1."""
+    try:
+        yield
+    except OcpcError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _progress(message: str) -> None:
+    err.print(f"[dim]-[/dim] {message}", highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ocpc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """oc-prefix-cache."""
+
+
+@rig_app.command("build")
+def rig_build(
+    models: Annotated[bool, typer.Option(help="Also generate the tiny test models.")] = True,
+) -> None:
+    """Download, verify and build the pinned llama-server (cached; instant when built)."""
+    from .rig import ensure_rig
+    from .tinymodels import SPECS, ensure_model
+
+    with edge():
+        settings = Settings.from_env()
+        rig = ensure_rig(settings, progress=_progress)
+        if models:
+            for name in SPECS:
+                ensure_model(rig, name, progress=_progress)
+        _progress(f"rig ready in {rig.root}")
+
+
+@rig_app.command("info")
+def rig_info(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    server_bin: Annotated[
+        Path | None, typer.Option(help="A llama-server binary of your own.", envvar="OCPC_SERVER_BIN")
+    ] = None,
+) -> None:
+    """Which llama-server ocpc would use, and why; what the rig holds."""
+    from .rig import find_server, rig_for
+    from .tinymodels import SPECS, model_path
+
+    with edge():
+        settings = Settings.from_env()
+        rig = rig_for(settings)
+        info: dict[str, Any] = {"rig_dir": str(rig.root), "rig_built": rig.is_built()}
+        try:
+            server = find_server(settings, explicit=server_bin)
+            info["server"] = {"path": str(server.path), "source": server.source, "version": server.version}
+        except OcpcError as exc:
+            info["server"] = {"error": str(exc)}
+        models = {name: model_path(rig, name) for name in SPECS}
+        info["models"] = {n: {"path": str(p), "bytes": p.stat().st_size if p.is_file() else None}
+                          for n, p in models.items()}
+        if rig.is_built():
+            info["build"] = rig.info()
+        if as_json:
+            print_json(info)
+            return
+        out = Console()
+        srv = info["server"]
+        out.print(f"server: {srv.get('path', srv.get('error'))}"
+                  + (f"  [{srv['source']}, {srv['version']}]" if "source" in srv else ""))
+        out.print(f"rig:    {info['rig_dir']} ({'built' if info['rig_built'] else 'not built'})")
+        for name, m in info["models"].items():
+            size = f"{m['bytes'] / 1e6:.1f} MB" if m["bytes"] else "not generated"
+            out.print(f"model {name:11} {size}")
+
+

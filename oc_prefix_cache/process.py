@@ -1,0 +1,131 @@
+"""A supervised child process: a small state machine (stopped, starting, ready, stopping).
+
+The child gets its own process group, so stopping it also stops anything it spawned:
+SIGTERM to the group, SIGKILL after a grace period. Start-up polls a health URL and
+fails fast, with the tail of the child's log, if the child exits instead of getting ready.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .errors import ProcessError
+
+
+class State(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+
+
+@dataclass
+class Supervised:
+    """One child process; ``start`` returns once ``health_url`` answers 200."""
+
+    name: str
+    argv: Sequence[str]
+    health_url: str
+    log_path: Path
+    env: dict[str, str] | None = None
+    state: State = State.STOPPED
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(
+        self, *, timeout: float = 120.0, on_wait: Callable[[float], None] | None = None
+    ) -> None:
+        if self.state is not State.STOPPED:
+            raise ProcessError(f"{self.name} is {self.state.value}, not stopped")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.state = State.STARTING
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    list(self.argv), stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
+                )
+            except OSError as exc:
+                self.state = State.STOPPED
+                raise ProcessError(f"could not start {self.name} ({self.argv[0]}): {exc}") from exc
+        try:
+            self._wait_healthy(timeout, on_wait)
+        except BaseException:
+            self.stop()
+            raise
+        self.state = State.READY
+
+    def _wait_healthy(self, timeout: float, on_wait: Callable[[float], None] | None) -> None:
+        assert self.proc is not None
+        started = time.monotonic()
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise ProcessError(
+                        f"{self.name} exited with code {code} while starting; "
+                        f"last log lines:\n{tail(self.log_path)}"
+                    )
+                try:
+                    if client.get(self.health_url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                elapsed = time.monotonic() - started
+                if elapsed > timeout:
+                    raise ProcessError(
+                        f"{self.name} was not healthy at {self.health_url} after {timeout:.0f} s; "
+                        f"last log lines:\n{tail(self.log_path)}"
+                    )
+                if on_wait:
+                    on_wait(elapsed)
+                time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, *, grace: float = 10.0) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``grace`` s; returns the exit code."""
+        if self.proc is None:
+            self.state = State.STOPPED
+            return None
+        self.state = State.STOPPING
+        code = stop_group(self.proc, grace=grace)
+        self.proc = None
+        self.state = State.STOPPED
+        return code
+
+
+def stop_group(proc: subprocess.Popen[bytes], *, grace: float) -> int | None:
+    """Stop a child started with ``start_new_session=True`` and everything in its group."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.wait(timeout=10)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

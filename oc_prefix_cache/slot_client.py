@@ -1,0 +1,184 @@
+"""A small, time-bounded client for the llama-server endpoints ocpc uses.
+
+This is the one place httpx errors become ``ServerError``s: every method has its own
+timeout (a health check must not wait as long as a cold prefill), and every failure
+names the URL and, where we know it, the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from .errors import (
+    ServerError,
+    ServerHTTPError,
+    ServerTimeout,
+    ServerUnreachable,
+    SlotRestoreFailed,
+    SlotSaveDisabled,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """Seconds per kind of call; ``connect`` bounds every call's connection."""
+
+    connect: float = 1.0
+    quick: float = 5.0  # /health, /props, /slots, /tokenize, /apply-template
+    probe: float = 60.0  # a few-token /completion against a warm slot
+    prefill: float = 900.0  # the deliberate cold prefill of a head
+    slot_io: float = 120.0  # save / restore / erase: file I/O of up to GBs
+
+
+@dataclass(frozen=True)
+class Timings:
+    """What the server says one request cost: the only trustworthy reuse signal."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+
+    @classmethod
+    def from_response(cls, data: dict[str, Any]) -> Timings:
+        timings = data.get("timings") or {}
+        return cls(
+            cache_n=int(timings.get("cache_n", 0)),
+            prompt_n=int(timings.get("prompt_n", 0)),
+            prompt_ms=float(timings.get("prompt_ms", 0.0)),
+        )
+
+
+class SlotClient:
+    def __init__(self, base_url: str, *, timeouts: Timeouts | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = timeouts or Timeouts()
+        self._http = httpx.Client(base_url=self.base_url, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SlotClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plain reads -------------------------------------------------------------------
+    def health(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=self._t(self.timeouts.quick)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def props(self) -> dict[str, Any]:
+        return self._json("GET", "/props", timeout=self.timeouts.quick)
+
+    def slots(self) -> list[dict[str, Any]]:
+        data = self._call("GET", "/slots", timeout=self.timeouts.quick).json()
+        if not isinstance(data, list):
+            raise ServerError(f"{self.base_url}/slots did not return a list")
+        return data
+
+    def apply_template(self, body: dict[str, Any]) -> str:
+        data = self._json("POST", "/apply-template", json=body, timeout=self.timeouts.quick)
+        prompt = data.get("prompt")
+        if not isinstance(prompt, str):
+            raise ServerError(f"{self.base_url}/apply-template returned no prompt")
+        return prompt
+
+    def tokenize_pieces(self, content: str) -> list[tuple[int, bytes]]:
+        """Tokens of ``content`` as the server tokenizes a prompt, each with its bytes."""
+        data = self._json(
+            "POST", "/tokenize",
+            json={"content": content, "add_special": True, "parse_special": True, "with_pieces": True},
+            timeout=self.timeouts.quick,
+        )
+        out: list[tuple[int, bytes]] = []
+        for item in data.get("tokens", []):
+            piece = item["piece"]
+            raw = piece.encode() if isinstance(piece, str) else bytes(piece)
+            out.append((int(item["id"]), raw))
+        return out
+
+    # -- evaluation ----------------------------------------------------------------------
+    def evaluate(self, tokens: list[int], *, slot: int, prefill: bool = False) -> Timings:
+        """Evaluate a token prompt in ``slot`` without generating (``n_predict: 0``)."""
+        body = {"prompt": tokens, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
+        timeout = self.timeouts.prefill if prefill else self.timeouts.probe
+        return Timings.from_response(self._json("POST", "/completion", json=body, timeout=timeout))
+
+    # -- slot actions --------------------------------------------------------------------
+    def save(self, slot: int, filename: str) -> dict[str, Any]:
+        return self._slot_action(slot, "save", filename)
+
+    def restore(self, slot: int, filename: str) -> dict[str, Any]:
+        try:
+            return self._slot_action(slot, "restore", filename)
+        except SlotSaveDisabled:
+            raise
+        except ServerHTTPError as exc:
+            raise SlotRestoreFailed(
+                f"llama-server refused to restore {filename} into slot {slot} ({exc}); "
+                "the file is from another model or build, too big for -c, or missing"
+            ) from exc
+
+    def erase(self, slot: int) -> dict[str, Any]:
+        return self._slot_action(slot, "erase", None)
+
+    def _slot_action(self, slot: int, action: str, filename: str | None) -> dict[str, Any]:
+        body = {"filename": filename} if filename is not None else {}
+        return self._json(
+            "POST", f"/slots/{slot}", params={"action": action}, json=body,
+            timeout=self.timeouts.slot_io,
+        )
+
+    # -- the one translation boundary ----------------------------------------------------
+    def _t(self, read: float) -> httpx.Timeout:
+        return httpx.Timeout(read, connect=self.timeouts.connect)
+
+    def _json(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> dict[str, Any]:
+        response = self._call(method, path, timeout=timeout, **kwargs)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise ServerError(f"{self.base_url}{path} answered with invalid JSON") from exc
+        if not isinstance(data, dict):
+            raise ServerError(f"{self.base_url}{path} answered with {type(data).__name__}, not an object")
+        return data
+
+    def _call(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        try:
+            response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ServerTimeout(f"{url} did not answer within {timeout:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"cannot reach llama-server at {url}: {exc}") from exc
+        if response.status_code == 501 and path.startswith("/slots/"):
+            raise SlotSaveDisabled(
+                f"llama-server at {self.base_url} has no --slot-save-path; "
+                "start it with `ocpc launch` or add the flag",
+                status=501,
+            )
+        if response.status_code == 503:
+            raise ServerUnreachable(f"llama-server at {self.base_url} is still loading the model")
+        if response.status_code >= 400:
+            raise ServerHTTPError(
+                f"{method} {url} -> HTTP {response.status_code}: {_error_text(response)}",
+                status=response.status_code,
+            )
+        return response
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+        if isinstance(data, dict) and isinstance(data.get("error"), dict):
+            return str(data["error"].get("message", data["error"]))
+    except ValueError:
+        pass
+    return response.text[:300]

@@ -1,0 +1,68 @@
+"""Read the header of a llama.cpp slot file without the server.
+
+Layout (``llama_context::state_seq_save_file``, state version 4): u32 magic ``ggsq``,
+u32 version, u32 token count, that many i32 token ids, then the sequence state.
+The token list is the first gate: a file whose tokens are not exactly the head's is
+never restored (a failed restore wipes the slot's live cache, so we check first).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SlotFileError
+
+MAGIC = 0x67677371  # 'ggsq'
+SUPPORTED_VERSIONS = frozenset({4})
+FILE_RE = re.compile(r"^oc-prefix-([0-9a-f]{16})\.bin$")
+
+
+def slot_filename(fingerprint: str) -> str:
+    name = f"oc-prefix-{fingerprint}.bin"
+    if not FILE_RE.match(name):
+        raise ValueError(f"not a fingerprint: {fingerprint!r}")
+    return name
+
+
+def fingerprint_of(filename: str) -> str | None:
+    """The fingerprint in an ocpc slot file name, or None for any other file."""
+    match = FILE_RE.match(filename)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class SlotFileHeader:
+    version: int
+    tokens: tuple[int, ...]
+    size: int  # whole file, bytes
+    state_bytes: int  # bytes after the token list
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def read_header(path: Path) -> SlotFileHeader:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(12)
+            if len(head) < 12:
+                raise SlotFileError(f"{path.name} is truncated ({len(head)} bytes): not a slot file")
+            magic, version, count = struct.unpack("<III", head)
+            if magic != MAGIC:
+                raise SlotFileError(f"{path.name} is not a llama.cpp slot file (bad magic)")
+            if version not in SUPPORTED_VERSIONS:
+                raise SlotFileError(
+                    f"{path.name} has slot-file version {version}; this ocpc reads {sorted(SUPPORTED_VERSIONS)}"
+                )
+            size = path.stat().st_size
+            if 12 + 4 * count > size:
+                raise SlotFileError(f"{path.name} is truncated: header names {count} tokens")
+            raw = handle.read(4 * count)
+    except OSError as exc:
+        raise SlotFileError(f"cannot read {path}: {exc}") from exc
+    tokens = struct.unpack(f"<{count}i", raw)
+    return SlotFileHeader(version=version, tokens=tokens, size=size, state_bytes=size - 12 - 4 * count)

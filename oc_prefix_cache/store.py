@@ -1,0 +1,135 @@
+"""index.json: which slot files exist, what made them, when they were last used.
+
+Written atomically (temp file, fsync, rename) under an exclusive file lock, so two
+daemons, or a daemon and ``ocpc gc``, never interleave writes. A corrupt index is never
+guessed at or overwritten silently: reads raise ``IndexCorrupt`` and the caller decides
+(the prepare path goes on without recording; gc refuses to delete anything).
+Format: docs/index-format.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import IndexCorrupt, StoreError
+from .slotfile import FILE_RE
+
+INDEX_VERSION = 1
+
+
+@dataclass
+class Entry:
+    file: str
+    bytes: int
+    prefix_tokens: int
+    created: int
+    last_used: int
+    model: str
+    server_build: str
+    harness: str
+    suspect: bool = False
+
+
+@dataclass
+class Index:
+    entries: dict[str, Entry] = field(default_factory=dict)
+    current: dict[str, str] = field(default_factory=dict)  # slot key -> fingerprint
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": INDEX_VERSION,
+            "entries": {fp: asdict(e) for fp, e in sorted(self.entries.items())},
+            "current": dict(sorted(self.current.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str) -> Index:
+        if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
+            raise IndexCorrupt(f"{source}: not a version-{INDEX_VERSION} ocpc index")
+        entries_raw, current_raw = data.get("entries"), data.get("current", {})
+        if not isinstance(entries_raw, dict) or not isinstance(current_raw, dict):
+            raise IndexCorrupt(f"{source}: 'entries' and 'current' must be objects")
+        entries: dict[str, Entry] = {}
+        for fp, raw in entries_raw.items():
+            try:
+                entry = Entry(**raw)
+            except TypeError as exc:
+                raise IndexCorrupt(f"{source}: entry {fp!r} is malformed ({exc})") from exc
+            if not FILE_RE.match(entry.file) or not isinstance(entry.last_used, int):
+                raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc slot file")
+            entries[fp] = entry
+        current = {str(k): str(v) for k, v in current_raw.items()}
+        return cls(entries=entries, current=current)
+
+
+def slot_key(base_url: str, slot: int) -> str:
+    """How ``current`` names a slot: the server URL and the slot id."""
+    return f"{base_url.rstrip('/')}#slot{slot}"
+
+
+class Store:
+    def __init__(self, *, index_path: Path, lock_path: Path) -> None:
+        self.index_path = index_path
+        self.lock_path = lock_path
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive across processes (flock) for a read-modify-write of the index."""
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def load(self) -> Index:
+        """The index; empty when missing; ``IndexCorrupt`` when unreadable."""
+        try:
+            text = self.index_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return Index()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise IndexCorrupt(f"cannot read {self.index_path}: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise IndexCorrupt(
+                f"{self.index_path} is not valid JSON ({exc}); fix or move it away, "
+                "cleanup stays off until then"
+            ) from exc
+        return Index.from_json(data, source=str(self.index_path))
+
+    def save(self, index: Index) -> None:
+        """Atomic replace: readers see the old index or the new one, never half of one."""
+        self.index_path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(index.to_json(), indent=1) + "\n"
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=self.index_path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(text)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, self.index_path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.index_path}: {exc}") from exc
+
+    def update(self, change: Callable[[Index], None]) -> Index:
+        """Load, change and save the index under the lock; returns the saved index."""
+        with self.locked():
+            index = self.load()
+            change(index)
+            self.save(index)
+            return index

@@ -1,0 +1,53 @@
+"""Shared test helpers: the captured OpenCode bodies and direct server calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from oc_prefix_cache.head import extract_head, head_body, locate_head, parse_body, tokens_before
+from oc_prefix_cache.slot_client import SlotClient, Timings
+
+CAPTURES = Path(__file__).parent / "data" / "opencode-1.18.33"
+TITLE = "01_projA_turn1_title_request.json"
+PROJ_A = "02_projA_turn1_main_request.json"
+PROJ_B = "03_projB_turn1_main_request.json"
+PROJ_A_TURN2 = "04_projA_turn2_main_request.json"
+UA = "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14"
+
+
+def capture_bytes(name: str) -> bytes:
+    return (CAPTURES / name).read_bytes()
+
+
+def capture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(capture_bytes(name))
+    return data
+
+
+def chat(url: str, body: dict[str, Any], *, max_tokens: int = 4) -> Timings:
+    """Send a chat request like OpenCode would (non-streaming here), return its timings."""
+    sent = {**body, "max_tokens": max_tokens, "stream": False}
+    sent.pop("stream_options", None)
+    response = httpx.post(f"{url}/v1/chat/completions", json=sent, timeout=300)
+    response.raise_for_status()
+    return Timings.from_response(response.json())
+
+
+def head_tokens(client: SlotClient, body: dict[str, Any], markers: tuple[str, ...] = ("<env>",)) -> list[int]:
+    """The exact token prefix of ``body`` up to its first marker, as the product computes it."""
+    parsed = parse_body(json.dumps(body).encode())
+    head = extract_head(parsed, markers)
+    prompt = client.apply_template(head_body(parsed))
+    offset = locate_head(prompt, head)  # type: ignore[arg-type]
+    assert offset is not None
+    return tokens_before(client.tokenize_pieces(prompt), len(prompt[:offset].encode()))
+
+
+def whole_prompt_tokens(client: SlotClient, body: dict[str, Any]) -> list[int]:
+    parsed = parse_body(json.dumps(body).encode())
+    prompt = client.apply_template(head_body(parsed))
+    return [t for t, _ in client.tokenize_pieces(prompt)]
