@@ -119,3 +119,31 @@ def rig_info(
             out.print(f"model {name:11} {size}")
 
 
+
+
+@app.command()
+def daemon(
+    server: Annotated[str | None, typer.Option(
+        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help="llama-server URL.")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (loopback only).")] = None,
+    port: Annotated[int | None, typer.Option(
+        envvar="OC_PREFIX_CACHE_DAEMON_PORT", help="Listen port (default 8765).")] = None,
+    server_bin: Annotated[Path | None, typer.Option(
+        help="The llama-server binary, when known: its identity joins the fingerprint.")] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
+) -> None:
+    """Serve /v1/prepare, /v1/report and /v1/status on loopback for the OpenCode plugin."""
+    from .daemon import Daemon
+    from .logs import setup_logging
+
+    with edge():
+        settings = Settings.from_env()
+        setup_logging(settings.log_dir / "daemon.log", verbose=verbose)
+        runner = Daemon(settings=settings, server_url=server, host=host, port=port, server_binary=server_bin)
+        err.print(f"ocpc daemon {__version__} on {runner.url} for llama-server {runner.server_url}")
+        try:
+            runner.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            runner.stop()

@@ -17,8 +17,12 @@ from .errors import OcpcError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-# Substrings of keys that only recurrent, hybrid or sliding-window architectures carry.
-_PARTIAL_CACHE_KEYS = (".ssm.", ".wkv.", ".shortconv.", "full_attention_interval", ".attention.sliding_window")
+# Keys that, when non-zero, mean a recurrent, hybrid or sliding-window cache. Values, not
+# mere presence: some writers emit every key with zeros.
+_PARTIAL_CACHE_KEYS = (
+    "ssm.state_size", "ssm.inner_size", "wkv.head_size", "shortconv.l_cache",
+    "attention.sliding_window", "full_attention_interval",
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,11 @@ class GgufInfo:
     @property
     def partial_cache(self) -> bool:
         """Recurrent, hybrid or SWA: only exact-prefix restores are reusable."""
-        return any(marker in key for key in self.keys for marker in _PARTIAL_CACHE_KEYS)
+        prefix = f"{self.architecture}."
+        return any(
+            isinstance(self.keys.get(prefix + key), int) and self.keys[prefix + key] > 0
+            for key in _PARTIAL_CACHE_KEYS
+        )
 
     @property
     def context_length(self) -> int | None:

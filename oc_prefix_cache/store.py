@@ -9,7 +9,6 @@ Format: docs/index-format.md.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IndexCorrupt, StoreError
+from .locks import file_lock
 from .slotfile import FILE_RE
 
 INDEX_VERSION = 1
@@ -35,7 +35,7 @@ class Entry:
     model: str
     server_build: str
     harness: str
-    suspect: bool = False
+    xxh64: str = ""  # of the whole file at save time: catches damage the probe cannot see
 
 
 @dataclass
@@ -83,13 +83,8 @@ class Store:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Exclusive across processes (flock) for a read-modify-write of the index."""
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with file_lock(self.lock_path):
+            yield
 
     def load(self) -> Index:
         """The index; empty when missing; ``IndexCorrupt`` when unreadable."""

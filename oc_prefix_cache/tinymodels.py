@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RigError
-from .rig import Progress, Rig, _exclusive
+from .locks import file_lock
+from .rig import Progress, Rig
 
 N_VOCAB = 151_936
 CONTEXT_LENGTH = 32_768
@@ -74,7 +75,7 @@ def ensure_model(rig: Rig, name: str, *, progress: Progress | None = None) -> Pa
     if path.is_file():
         return path
     rig.models_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(rig.models_dir / ".lock"):
+    with file_lock(rig.models_dir / ".lock"):
         if path.is_file():
             return path
         if progress:

@@ -1,0 +1,181 @@
+"""The daemon: a loopback-only HTTP front for the ``Preparer``.
+
+Endpoints (JSON):
+- ``POST /v1/prepare``: body = the exact provider request body; harness metadata in
+  headers (User-Agent, x-session-id). Answers a ``PrepareResult``.
+- ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n}`` from the real request.
+- ``GET /v1/status`` and ``GET /health``.
+
+The standard library's threading HTTP server is enough: requests are few (one per
+OpenCode request), the hit path is CPU-light, and slow paths run in their own thread
+with per-slot serialisation inside the Preparer. It never crashes on input: bad bodies
+get a 4xx with a reason, oversized ones a 413 before they are read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, OcpcError
+from .head import MAX_BODY_BYTES
+from .prepare import Preparer
+from .settings import LOOPBACK_HOSTS, Settings
+from .slot_client import SlotClient
+from .slotfile import fingerprint_of
+from .store import Store
+
+log = logging.getLogger("ocpc.daemon")
+MAX_REPORT_BYTES = 64 * 1024
+
+
+class Daemon:
+    """Owns the Preparer and the HTTP server; ``serve_forever`` or ``start`` in a thread."""
+
+    def __init__(self, *, settings: Settings, server_url: str | None = None, host: str | None = None,
+                 port: int | None = None, server_binary: Path | None = None) -> None:
+        host = host or settings.daemon_host
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(f"--host {host!r}: the daemon listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
+        self.settings = settings
+        self.server_url = (server_url or settings.base_url).rstrip("/")
+        self.client = SlotClient(self.server_url)
+        self.store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
+        self.preparer = Preparer(settings=settings, client=self.client, store=self.store,
+                                 server_binary=server_binary)
+        try:
+            self.httpd = _Server((host, settings.daemon_port if port is None else port), _Handler)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port or settings.daemon_port}: {exc}") from exc
+        self.httpd.daemon = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> None:
+        """Serve in a background thread (tests, launcher)."""
+        self._thread = threading.Thread(target=self.serve_forever, name="ocpc-daemon", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.client.close()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"version": __version__, "server": {"url": self.server_url}}
+        try:
+            data["server"]["healthy"] = self.client.health()
+            data["server"]["slots"] = self.client.slots()
+        except OcpcError as exc:
+            data["server"]["error"] = str(exc)
+        data["daemon"] = self.preparer.status()
+        data["disk"] = _disk_files(self.settings.slot_dir)
+        try:
+            data["index"] = self.store.load().to_json()
+        except OcpcError as exc:
+            data["index"] = {"error": str(exc)}
+        return data
+
+
+def _disk_files(slot_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        for path in sorted(slot_dir.iterdir()):
+            fp = fingerprint_of(path.name)
+            if fp:
+                stat = path.stat()
+                out.append({"fingerprint": fp, "file": path.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime)})
+    except OSError:
+        pass
+    return out
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    daemon: Daemon
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        if self.path == "/health":
+            self._send(HTTPStatus.OK, {"status": "ok", "version": __version__})
+        elif self.path == "/v1/status":
+            self._send(HTTPStatus.OK, self.server.daemon.status())
+        else:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: GET {self.path}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path == "/v1/prepare":
+            raw = self._read_body(MAX_BODY_BYTES)
+            if raw is not None:
+                headers = {k: v for k, v in self.headers.items()}
+                self._send(HTTPStatus.OK, self.server.daemon.preparer.prepare(raw, headers).to_json())
+        elif self.path == "/v1/report":
+            raw = self._read_body(MAX_REPORT_BYTES)
+            if raw is not None:
+                self._report(raw)
+        else:
+            self._read_body(MAX_BODY_BYTES)
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
+
+    def _report(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+            fp = data["fingerprint"]
+            cache_n, prompt_n = data["cache_n"], data["prompt_n"]
+            if not isinstance(fp, str) or not all(isinstance(v, int) and v >= 0 for v in (cache_n, prompt_n)):
+                raise TypeError("fingerprint must be a string, cache_n and prompt_n whole numbers >= 0")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad report: {exc}"})
+            return
+        self._send(HTTPStatus.OK, self.server.daemon.preparer.report(
+            fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n))
+
+    def _read_body(self, limit: int) -> bytes | None:
+        raw_length = self.headers.get("Content-Length")
+        try:
+            length = int(raw_length) if raw_length is not None else -1
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._send(HTTPStatus.LENGTH_REQUIRED, {"error": "a Content-Length header is required"})
+            return None
+        if length > limit:
+            self.close_connection = True  # do not read a huge body just to drop it
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                       {"error": f"body of {length} bytes is over the {limit}-byte limit"})
+            return None
+        return self.rfile.read(length)
+
+    def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)

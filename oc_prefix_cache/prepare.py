@@ -1,0 +1,452 @@
+"""The prepare path: make the slot hold the request's stable head, as cheaply as possible.
+
+For one request body, in order of cost:
+- ``hit``: the same conversation going on (no server call at all), or a new session
+  while the slot still holds this head (one ``GET /slots``);
+- ``restored``: a file for this fingerprint exists: header gate, restore, probe gate,
+  restore again so the slot holds exactly the head;
+- ``warmed``: first run of this configuration: prefill the head's exact tokens, save,
+  record in the index.
+Anything else is ``skipped`` (nothing to cache) or ``failed`` (with a reason). The
+caller always forwards the real request untouched, whatever we answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from . import __version__
+from .errors import (
+    BadRequestBody,
+    OcpcError,
+    ServerError,
+    SlotFileError,
+    SlotRestoreFailed,
+    StoreError,
+)
+from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
+from .gates import header_gate, likely_cause, probe_gate, served_from_head
+from .head import (
+    ChatBody,
+    Head,
+    Skip,
+    extends,
+    extract_head,
+    harness_of,
+    head_body,
+    locate_head,
+    parse_body,
+    tokens_before,
+)
+from .locks import file_lock
+from .server_info import gather_identity
+from .settings import Settings
+from .slot_client import SlotClient
+from .slotfile import file_digest, read_header, slot_filename
+from .store import Entry, Index, Store, slot_key
+
+log = logging.getLogger("ocpc.prepare")
+
+PROBE_TOKENS = 4  # tokens of the real prompt after the head, for the reuse probe
+ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
+
+
+@dataclass
+class PrepareResult:
+    action: str
+    fingerprint: str | None = None
+    prefix_tokens: int = 0
+    elapsed_ms: float = 0.0
+    reason: str = ""
+    tools_in_head: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["elapsed_ms"] = round(self.elapsed_ms, 3)
+        return data
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """A head resolved against one server: its fingerprint and exact tokens."""
+
+    fingerprint: str
+    tokens: tuple[int, ...]
+    probe: tuple[int, ...]  # the next tokens of the real prompt, to prove reuse
+    tools_in_head: bool
+    harness: str
+    model: str
+
+
+@dataclass
+class SlotView:
+    """What we believe a slot holds, and the evidence to re-check it cheaply."""
+
+    fingerprint: str
+    prefix_tokens: int
+    session: str
+    digests: tuple[str, ...]
+    tools_digest: str
+    id_task: int | None  # the slot's last task id right after our own work
+    exact: bool  # the slot holds exactly the head (no request has run since)
+
+
+@dataclass
+class Stats:
+    counters: Counter[str] = field(default_factory=Counter)
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    last_report: dict[str, Any] | None = None
+
+
+class Preparer:
+    """One per (daemon, llama-server). Thread-safe; prepares for one slot are serialised."""
+
+    def __init__(self, *, settings: Settings, client: SlotClient, store: Store,
+                 server_binary: Path | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.store = store
+        self.server_binary = server_binary
+        self.stats = Stats()
+        self._views: dict[int, SlotView] = {}
+        self._plans: dict[str, HeadPlan] = {}  # head key -> plan, for this server identity
+        self._plans_for: ServerIdentity | None = None
+        self._proven: set[tuple[str, int, int]] = set()  # (fp, size, mtime_ns) gated on this server
+        self._suspect: set[str] = set()
+        self._last: dict[str, PrepareResult] = {}  # fp -> last answer, for reports
+        self._guard = threading.Lock()
+        self._slot_locks: dict[int, threading.Lock] = {}
+
+    # -- public ------------------------------------------------------------------------
+    def prepare(self, raw: bytes, headers: Mapping[str, str]) -> PrepareResult:
+        started = time.perf_counter()
+        try:
+            result = self._prepare(raw, {k.lower(): v for k, v in headers.items()})
+        except BadRequestBody as exc:
+            result = PrepareResult("skipped", reason=str(exc))
+        except OcpcError as exc:
+            log.warning("prepare failed open: %s", exc)
+            result = PrepareResult("failed", reason=str(exc))
+        except Exception as exc:  # never let a bug break the user's request
+            log.exception("prepare crashed; failing open")
+            result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+        result.elapsed_ms = (time.perf_counter() - started) * 1000
+        self._record(result, headers)
+        return result
+
+    def report(self, *, fingerprint: str, cache_n: int, prompt_n: int) -> dict[str, Any]:
+        """Learn from the real request: was it served from the head we prepared?"""
+        with self._guard:
+            last = self._last.get(fingerprint)
+            verdict = "unknown"
+            if last is not None and last.action in ("hit", "restored", "warmed"):
+                if served_from_head(cache_n=cache_n, prefix_tokens=last.prefix_tokens):
+                    verdict = "served"
+                    self.stats.counters["report_served"] += 1
+                else:
+                    verdict = "missed"
+                    self.stats.counters["report_missed"] += 1
+                    self._suspect.add(fingerprint)
+                    for slot in [s for s, v in self._views.items() if v.fingerprint == fingerprint]:
+                        del self._views[slot]
+                    log.warning(
+                        "real request after %s reused %d of %d head tokens: fingerprint %s is "
+                        "suspect and will be rebuilt", last.action, cache_n, last.prefix_tokens, fingerprint,
+                    )
+            self.stats.last_report = {
+                "fingerprint": fingerprint, "cache_n": cache_n, "prompt_n": prompt_n,
+                "verdict": verdict, "at": time.time(),
+            }
+            return dict(self.stats.last_report)
+
+    def status(self) -> dict[str, Any]:
+        with self._guard:
+            return {
+                "counters": {a: self.stats.counters.get(a, 0) for a in ACTIONS}
+                | {k: v for k, v in self.stats.counters.items() if k not in ACTIONS},
+                "events": list(self.stats.events),
+                "last_report": self.stats.last_report,
+                "slots": {str(s): asdict(v) | {"digests": len(v.digests)} for s, v in self._views.items()},
+                "suspect": sorted(self._suspect),
+            }
+
+    # -- the decision ------------------------------------------------------------------
+    def _prepare(self, raw: bytes, headers: dict[str, str]) -> PrepareResult:
+        body = parse_body(raw)
+        head = extract_head(body, self.settings.markers)
+        slot = self.settings.slot
+        if isinstance(head, Skip):
+            self._forget(slot)  # this request will take the slot with another prompt
+            return PrepareResult("skipped", reason=head.reason)
+        session = headers.get("x-session-id", "")
+        tools_digest = xxhash.xxh64_hexdigest(head.tools_json.encode())
+        digests = body.message_digests
+        with self._guard:
+            view = self._views.get(slot)
+            if view is not None and _same_conversation(view, session, digests, tools_digest):
+                view.digests, view.exact = digests, False
+                return PrepareResult("hit", view.fingerprint, view.prefix_tokens,
+                                     reason="same conversation: the slot holds its head")
+        with self._slot_lock(slot):
+            return self._prepare_new_session(body, head, headers, slot, session, digests, tools_digest)
+
+    def _prepare_new_session(self, body: ChatBody, head: Head, headers: dict[str, str], slot: int,
+                             session: str, digests: tuple[str, ...], tools_digest: str) -> PrepareResult:
+        server = gather_identity(self.client, binary=self.server_binary)
+        plan = self._plan(body, head, server, harness_of(headers.get("user-agent", "")))
+        fp = plan.fingerprint
+        n = len(plan.tokens)
+
+        def done(action: str, reason: str) -> PrepareResult:
+            id_task = self._slot_task(slot)
+            with self._guard:
+                self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task,
+                                             exact=action != "hit" or self._views.get(slot, _NO_VIEW).exact)
+            return PrepareResult(action, fp, n, reason=reason, tools_in_head=plan.tools_in_head)
+
+        if fp in self._suspect:
+            self._suspect.discard(fp)
+            return done("warmed", self._warm(plan, slot, server, why="rebuilt: a real request missed it"))
+        view = self._views.get(slot)
+        if view is not None and view.fingerprint == fp:
+            holds = self._slot_holds(slot, view, hybrid=server.hybrid)
+            if holds:
+                return done("hit", holds)
+        path = self.settings.slot_dir / slot_filename(fp)
+        if path.is_file():
+            try:
+                return done("restored", self._restore_gated(plan, slot, path, server))
+            except _GateFailed as failure:
+                log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding",
+                          path.name, failure, likely_cause(hybrid=server.hybrid, build_info=server.build,
+                                                           head_tokens=n, checkpoint_min_step=None))
+                self.stats.counters["gate_failed"] += 1
+                self._erase_quietly(slot)
+                return done("warmed", self._warm(plan, slot, server, why=f"gate failed ({failure})"))
+        return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"))
+
+    def _slot_holds(self, slot: int, view: SlotView, *, hybrid: bool) -> str | None:
+        """Why the slot still serves this head, or None. One cheap ``GET /slots``."""
+        id_task = self._slot_task(slot)
+        if id_task is None or view.id_task is None or id_task < view.id_task:
+            with self._guard:
+                self._proven.clear()  # a fresh server process: prove files again
+            return None
+        if id_task == view.id_task and view.exact:
+            return "the slot holds exactly this head"
+        if not hybrid:
+            return "the slot holds this head plus a turn; the transformer reuses the common prefix"
+        return None  # a hybrid slot that ran a turn cannot roll back to the head: restore
+
+    # -- the three actions -------------------------------------------------------------
+    def _restore_gated(self, plan: HeadPlan, slot: int, path: Path, server: ServerIdentity) -> str:
+        try:
+            header = read_header(path)
+            stat = path.stat()
+        except (SlotFileError, OSError) as exc:
+            raise _GateFailed(f"unreadable file: {exc}") from exc
+        gate = header_gate(header.tokens, plan.tokens)
+        if not gate.ok:
+            raise _GateFailed(gate.reason)
+        key = (plan.fingerprint, stat.st_size, stat.st_mtime_ns)
+        if key not in self._proven:
+            self._check_digest(plan.fingerprint, path)
+        filename = path.name
+        started = time.perf_counter()
+        self._restore(slot, filename)
+        if key in self._proven:
+            self._touch(plan, path, slot)
+            return f"restored in {_ms(started)} ms (file already proven on this server)"
+        timings = self.client.evaluate(list(plan.tokens + plan.probe), slot=slot)
+        gate = probe_gate(cache_n=timings.cache_n, head_tokens=len(plan.tokens))
+        if not gate.ok:
+            raise _GateFailed(gate.reason)
+        self._restore(slot, filename)  # back to exactly the head
+        self._proven.add(key)
+        self._touch(plan, path, slot)
+        return f"restored and gated in {_ms(started)} ms: {gate.reason}"
+
+    def _check_digest(self, fp: str, path: Path) -> None:
+        try:
+            entry = self.store.load().entries.get(fp)
+        except StoreError as exc:
+            log.warning("index unreadable, restoring %s on the probe gate alone: %s", path.name, exc)
+            return
+        if entry is not None and entry.xxh64:
+            try:
+                actual = file_digest(path)
+            except OSError as exc:
+                raise _GateFailed(f"unreadable file: {exc}") from exc
+            if actual != entry.xxh64:
+                raise _GateFailed(f"file content changed since it was saved (xxh64 {actual} != {entry.xxh64})")
+
+    def _restore(self, slot: int, filename: str) -> None:
+        try:
+            self.client.restore(slot, filename)
+        except SlotRestoreFailed as exc:
+            raise _GateFailed(str(exc)) from exc
+
+    def _warm(self, plan: HeadPlan, slot: int, server: ServerIdentity, *, why: str) -> str:
+        started = time.perf_counter()
+        timings = self.client.evaluate(list(plan.tokens), slot=slot, prefill=True)
+        final = self.settings.slot_dir / slot_filename(plan.fingerprint)
+        part = final.with_name(final.name + ".part")
+        try:
+            self.client.save(slot, part.name)
+            header = read_header(part)
+            if tuple(header.tokens) != plan.tokens:
+                raise SlotFileError(f"{part.name} does not hold the head's tokens after saving")
+            digest = file_digest(part)
+            part.replace(final)
+        except (ServerError, SlotFileError, OSError) as exc:
+            part.unlink(missing_ok=True)
+            raise OcpcError(f"warmed the slot ({len(plan.tokens)} tokens) but could not save it: {exc}") from exc
+        stat = final.stat()
+        self._proven.add((plan.fingerprint, stat.st_size, stat.st_mtime_ns))
+        note = self._record_entry(plan, final, slot, server, digest)
+        return (f"{why}: prefilled {timings.prompt_n} tokens and saved {stat.st_size / 1e6:.1f} MB "
+                f"in {_ms(started)} ms{note}")
+
+    # -- helpers -----------------------------------------------------------------------
+    def _plan(self, body: ChatBody, head: Head, server: ServerIdentity, harness: str) -> HeadPlan:
+        key = xxhash.xxh64_hexdigest(
+            "\x00".join([head.tools_json, head.system_head, head.marker, head.model, harness]).encode()
+        )
+        with self._guard:
+            if self._plans_for != server:
+                self._plans, self._plans_for = {}, server
+            cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        prompt = self.client.apply_template(head_body(body))
+        offset = locate_head(prompt, head)
+        if offset is None:
+            raise OcpcError("the chat template changed the system text; cannot find the head in the prompt")
+        pieces = self.client.tokenize_pieces(prompt)
+        head_bytes = len(prompt[:offset].encode())
+        tokens = tokens_before(pieces, head_bytes)
+        if not tokens:
+            raise OcpcError("the head is empty after rendering; nothing to cache")
+        probe = tuple(t for t, _ in pieces[len(tokens): len(tokens) + PROBE_TOKENS])
+        tools_at = prompt.find(f'"name": "{_first_tool_name(body)}"')
+        plan = HeadPlan(
+            fingerprint=fingerprint(FingerprintInputs(
+                server=server, harness=harness, ocpc_version=__version__, head=head,
+                rendered_head=prompt[:offset],
+            )),
+            tokens=tuple(tokens), probe=probe or (tokens[-1],),
+            tools_in_head=0 <= tools_at < offset, harness=harness, model=head.model,
+        )
+        with self._guard:
+            self._plans[key] = plan
+        return plan
+
+    def _record_entry(self, plan: HeadPlan, path: Path, slot: int, server: ServerIdentity,
+                      digest: str) -> str:
+        now = int(time.time())
+
+        def change(index: Index) -> None:
+            old = index.entries.get(plan.fingerprint)
+            index.entries[plan.fingerprint] = Entry(
+                file=path.name, bytes=path.stat().st_size, prefix_tokens=len(plan.tokens),
+                created=old.created if old else now, last_used=now,
+                model=server.model_path, server_build=server.build, harness=plan.harness,
+                xxh64=digest,
+            )
+            index.current[slot_key(self.settings.base_url, slot)] = plan.fingerprint
+
+        try:
+            self.store.update(change)
+        except StoreError as exc:
+            log.error("%s", exc)
+            return f" (not recorded: {exc})"
+        return ""
+
+    def _touch(self, plan: HeadPlan, path: Path, slot: int) -> None:
+        now = int(time.time())
+
+        def change(index: Index) -> None:
+            entry = index.entries.get(plan.fingerprint)
+            if entry is not None:
+                entry.last_used = now
+            index.current[slot_key(self.settings.base_url, slot)] = plan.fingerprint
+
+        try:
+            self.store.update(change)
+        except StoreError as exc:
+            log.error("could not record the use of %s: %s", path.name, exc)
+
+    def _slot_task(self, slot: int) -> int | None:
+        for info in self.client.slots():
+            if info.get("id") == slot:
+                value = info.get("id_task")
+                return int(value) if isinstance(value, int) else None
+        raise OcpcError(f"llama-server at {self.client.base_url} has no slot {slot}; "
+                        "set OC_PREFIX_CACHE_SLOT to one of its slots")
+
+    def _erase_quietly(self, slot: int) -> None:
+        try:
+            self.client.erase(slot)
+        except ServerError as exc:
+            log.warning("could not erase slot %d: %s", slot, exc)
+
+    def _forget(self, slot: int) -> None:
+        with self._guard:
+            self._views.pop(slot, None)
+
+    @contextmanager
+    def _slot_lock(self, slot: int) -> Iterator[None]:
+        """Serialise prepares per slot, in this daemon (thread lock) and across daemons (flock)."""
+        with self._guard:
+            lock = self._slot_locks.setdefault(slot, threading.Lock())
+        with lock, file_lock(self.settings.home / f"slot-{slot}.lock"):
+            yield
+
+    def _record(self, result: PrepareResult, headers: Mapping[str, str]) -> None:
+        with self._guard:
+            self.stats.counters[result.action] += 1
+            if result.fingerprint:
+                self._last[result.fingerprint] = result
+            self.stats.events.append(result.to_json() | {"at": time.time()})
+        level = logging.INFO if result.action in ("hit", "skipped") else logging.WARNING
+        if result.action in ("restored", "warmed"):
+            level = logging.INFO
+        log.log(level, "%s %s %d tokens %.1f ms: %s", result.action, result.fingerprint,
+                result.prefix_tokens, result.elapsed_ms, result.reason)
+
+
+class _GateFailed(OcpcError):
+    """A restore that must not be trusted; the caller rebuilds."""
+
+
+_NO_VIEW = SlotView("", 0, "", (), "", None, exact=False)
+
+
+def _same_conversation(view: SlotView, session: str, digests: tuple[str, ...], tools_digest: str) -> bool:
+    if view.tools_digest != tools_digest:
+        return False
+    if session and view.session and session != view.session:
+        return False
+    return extends(view.digests, digests)
+
+
+def _first_tool_name(body: ChatBody) -> str:
+    tools = body.data.get("tools") or []
+    first = tools[0] if tools and isinstance(tools[0], dict) else {}
+    function = first.get("function") if isinstance(first.get("function"), dict) else first
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else "\x00"
+
+
+def _ms(started: float) -> int:
+    return round((time.perf_counter() - started) * 1000)

@@ -1,0 +1,57 @@
+"""Gather the server's identity: /props, plus the model and binary files behind it.
+
+The daemon runs on the same machine as llama-server (the slot folder is shared), so it
+can stat the model file the server names and read its GGUF header.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .errors import OcpcError
+from .fingerprint import ServerIdentity, build_identity, model_file_identities
+from .gguf_meta import read_gguf_info
+from .slot_client import SlotClient
+
+
+def gather_identity(client: SlotClient, *, binary: Path | None) -> ServerIdentity:
+    props = client.props()
+    return identity_from_props(props, binary=binary)
+
+
+def identity_from_props(props: dict[str, Any], *, binary: Path | None) -> ServerIdentity:
+    model_path = str(props.get("model_path") or "")
+    settings = props.get("default_generation_settings") or {}
+    template = str(props.get("chat_template") or "")
+    return ServerIdentity(
+        model_path=model_path,
+        model_files=model_file_identities(model_path) if model_path else (),
+        build=build_identity(str(props.get("build_info") or "unknown"), binary),
+        chat_template_digest=xxhash.xxh64_hexdigest(template.encode()),
+        n_ctx=int(settings.get("n_ctx") or 0),
+        total_slots=int(props.get("total_slots") or 1),
+        kv_types=str(props.get("cache_type_k", "")) + "/" + str(props.get("cache_type_v", "")),
+        hybrid=_is_partial_cache_model(model_path),
+    )
+
+
+def _is_partial_cache_model(model_path: str) -> bool:
+    """True for hybrid/recurrent/SWA models; when unreadable, assume the strict case."""
+    try:
+        stat = Path(model_path).stat()
+    except OSError:
+        return True
+    return _partial_cache_cached(model_path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _partial_cache_cached(model_path: str, size: int, mtime_ns: int) -> bool:
+    """Memoised by file identity: reading the header takes ~50 ms, a stat microseconds."""
+    try:
+        return read_gguf_info(Path(model_path)).partial_cache
+    except OcpcError:
+        return True

