@@ -130,8 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/prepare":
             raw = self._read_body(MAX_BODY_BYTES)
             if raw is not None:
-                headers = {k: v for k, v in self.headers.items()}
-                self._send(HTTPStatus.OK, self.server.daemon.preparer.prepare(raw, headers).to_json())
+                self._prepare(raw)
         elif self.path == "/v1/report":
             raw = self._read_body(MAX_REPORT_BYTES)
             if raw is not None:
@@ -139,6 +138,24 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._read_body(MAX_BODY_BYTES)
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
+
+    def _prepare(self, raw: bytes) -> None:
+        """Headers at once, the answer when done: the plugin bounds the two separately.
+
+        A daemon that does not send headers within a few hundred ms is down or hung, and
+        the plugin goes on; one that did is working (maybe a minutes-long first warm-up,
+        which the real request would have to wait for anyway) and is given longer.
+        """
+        self.close_connection = True  # the body ends when the connection does
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Ocpc-State", "working")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        headers = {k: v for k, v in self.headers.items()}
+        result = self.server.daemon.preparer.prepare(raw, headers)
+        self.wfile.write(json.dumps(result.to_json()).encode())
 
     def _report(self, raw: bytes) -> None:
         try:

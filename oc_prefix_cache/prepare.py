@@ -208,7 +208,7 @@ class Preparer:
         n = len(plan.tokens)
 
         def done(action: str, reason: str) -> PrepareResult:
-            id_task = self._slot_task(slot)
+            id_task = self._slot_now(slot).id_task
             with self._guard:
                 self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task,
                                              exact=action != "hit" or self._views.get(slot, _NO_VIEW).exact)
@@ -236,11 +236,19 @@ class Preparer:
         return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"))
 
     def _slot_holds(self, slot: int, view: SlotView, *, hybrid: bool) -> str | None:
-        """Why the slot still serves this head, or None. One cheap ``GET /slots``."""
-        id_task = self._slot_task(slot)
+        """Why the slot still serves this head, or None. One cheap ``GET /slots``.
+
+        ``id_task`` is absent on a fresh server and grows within one process, so it
+        tells a restart; a slot now holding fewer tokens than the head was taken by a
+        shorter prompt (a title request that did not pass through us).
+        """
+        now = self._slot_now(slot)
+        id_task = now.id_task
         if id_task is None or view.id_task is None or id_task < view.id_task:
             with self._guard:
                 self._proven.clear()  # a fresh server process: prove files again
+            return None
+        if now.n_tokens is not None and now.n_tokens < view.prefix_tokens:
             return None
         if id_task == view.id_task and view.exact:
             return "the slot holds exactly this head"
@@ -386,11 +394,12 @@ class Preparer:
         except StoreError as exc:
             log.error("could not record the use of %s: %s", path.name, exc)
 
-    def _slot_task(self, slot: int) -> int | None:
+    def _slot_now(self, slot: int) -> _SlotNow:
         for info in self.client.slots():
             if info.get("id") == slot:
-                value = info.get("id_task")
-                return int(value) if isinstance(value, int) else None
+                id_task, n_tokens = info.get("id_task"), info.get("n_prompt_tokens")
+                return _SlotNow(id_task=id_task if isinstance(id_task, int) else None,
+                                n_tokens=n_tokens if isinstance(n_tokens, int) else None)
         raise OcpcError(f"llama-server at {self.client.base_url} has no slot {slot}; "
                         "set OC_PREFIX_CACHE_SLOT to one of its slots")
 
@@ -423,6 +432,12 @@ class Preparer:
             level = logging.INFO
         log.log(level, "%s %s %d tokens %.1f ms: %s", result.action, result.fingerprint,
                 result.prefix_tokens, result.elapsed_ms, result.reason)
+
+
+@dataclass(frozen=True)
+class _SlotNow:
+    id_task: int | None
+    n_tokens: int | None
 
 
 class _GateFailed(OcpcError):

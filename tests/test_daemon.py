@@ -1,0 +1,133 @@
+"""The daemon's HTTP face, on loopback, against the real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.errors import ConfigError
+from oc_prefix_cache.prepare import Preparer
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.store import Store
+
+from .helpers import PROJ_A, PROJ_B, UA, capture, capture_bytes, chat
+
+
+def settings_for(url: str) -> Settings:
+    return Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
+
+
+@pytest.fixture
+def daemon_for(llama_server) -> Iterator:
+    started: list[Daemon] = []
+
+    def make(model: str = "qwen35") -> tuple:
+        server = llama_server(model)
+        runner = Daemon(settings=settings_for(server.url), port=0)
+        runner.start()
+        started.append(runner)
+        return server, runner
+
+    yield make
+    for runner in started:
+        runner.stop()
+
+
+def post_prepare(daemon_url: str, name: str, session: str) -> dict:
+    response = httpx.post(f"{daemon_url}/v1/prepare", content=capture_bytes(name), timeout=120,
+                          headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"})
+    assert response.status_code == 200
+    assert response.headers["x-ocpc-state"] == "working"
+    return response.json()
+
+
+@pytest.mark.rig
+def test_prepare_report_and_status_over_http(daemon_for) -> None:
+    server, runner = daemon_for("qwen35")
+    first = post_prepare(runner.url, PROJ_A, "ses_a")
+    assert first["action"] == "warmed"
+    assert set(first) >= {"action", "fingerprint", "prefix_tokens", "elapsed_ms", "reason"}
+    second = post_prepare(runner.url, PROJ_B, "ses_b")
+    assert second["action"] == "hit"
+    timings = chat(server.url, capture(PROJ_B))
+    report = httpx.post(f"{runner.url}/v1/report", json={
+        "fingerprint": second["fingerprint"], "cache_n": timings.cache_n, "prompt_n": timings.prompt_n})
+    assert report.status_code == 200 and report.json()["verdict"] == "served"
+
+    status = httpx.get(f"{runner.url}/v1/status").json()
+    assert status["daemon"]["counters"]["warmed"] == 1
+    assert status["daemon"]["counters"]["hit"] == 1
+    assert status["daemon"]["last_report"]["cache_n"] == timings.cache_n
+    assert [f["fingerprint"] for f in status["disk"]] == [first["fingerprint"]]
+    assert status["server"]["healthy"] is True
+    assert httpx.get(f"{runner.url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.rig
+def test_two_sessions_starting_at_once_warm_only_once(daemon_for) -> None:
+    _, runner = daemon_for("qwen3")
+    answers: list[dict] = []
+
+    def go(name: str, session: str) -> None:
+        answers.append(post_prepare(runner.url, name, session))
+
+    threads = [threading.Thread(target=go, args=(PROJ_A, "ses_a")), threading.Thread(target=go, args=(PROJ_B, "ses_b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a["action"] for a in answers) == ["hit", "warmed"]
+    assert len({a["fingerprint"] for a in answers}) == 1
+
+
+@pytest.mark.rig
+def test_two_daemons_on_the_same_state_keep_the_index_whole(llama_server) -> None:
+    server = llama_server("qwen35")
+    settings = settings_for(server.url)
+    preparers = [Preparer(settings=settings, client=SlotClient(server.url),
+                          store=Store(index_path=settings.index_path, lock_path=settings.lock_path)) for _ in range(2)]
+    answers: list = []
+    threads = [threading.Thread(target=lambda p=p, s=s: answers.append(
+        p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": s}))) for p, s in zip(preparers, ("a", "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    actions = sorted(a.action for a in answers)
+    assert actions == ["restored", "warmed"], answers
+    index = json.loads(settings.index_path.read_text())
+    assert list(index["entries"]) == [answers[0].fingerprint]
+
+
+def test_bad_input_gets_clear_errors(tmp_path) -> None:
+    runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
+    runner.start()
+    try:
+        bad = httpx.post(f"{runner.url}/v1/report", content=b"{nope")
+        assert bad.status_code == 400 and "bad report" in bad.json()["error"]
+        wrong = httpx.post(f"{runner.url}/v1/report", json={"fingerprint": "x", "cache_n": "many", "prompt_n": 1})
+        assert wrong.status_code == 400
+        garbage = httpx.post(f"{runner.url}/v1/prepare", content=b"\x00\x01garbage")
+        assert garbage.status_code == 200 and garbage.json()["action"] == "skipped"
+        assert httpx.get(f"{runner.url}/nope").status_code == 404
+        host, port = runner.httpd.server_address[:2]
+        with socket.create_connection((str(host), port)) as sock:
+            sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+            head = sock.recv(4096).decode()
+        assert head.startswith("HTTP/1.1 413")
+        assert httpx.get(f"{runner.url}/health").status_code == 200  # still serving
+    finally:
+        runner.stop()
+
+
+def test_daemon_refuses_non_loopback_hosts() -> None:
+    with pytest.raises(ConfigError, match="loopback"):
+        Daemon(settings=settings_for("http://127.0.0.1:9"), host="0.0.0.0", port=0)

@@ -1,0 +1,130 @@
+"""Faults the real server cannot produce on demand: every one fails open, within its bound.
+
+Hangs and refused connections use real sockets; error statuses and a save that times out
+use respx in front of the real server (everything else passes through to it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import respx
+
+from oc_prefix_cache.prepare import Preparer
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slot_client import SlotClient, Timeouts
+from oc_prefix_cache.store import Store
+
+from .helpers import PROJ_A, UA, capture_bytes
+
+FAST = Timeouts(connect=0.5, quick=0.5, probe=1.0, prefill=60.0, slot_io=1.0)
+
+
+def make_preparer(url: str, timeouts: Timeouts = FAST) -> Preparer:
+    settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
+    return Preparer(settings=settings, client=SlotClient(url, timeouts=timeouts),
+                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+
+
+def prepare(preparer: Preparer, raw: bytes | None = None):
+    return preparer.prepare(raw if raw is not None else capture_bytes(PROJ_A),
+                            {"User-Agent": UA, "x-session-id": "ses_f"})
+
+
+@pytest.fixture
+def hung_server() -> Iterator[str]:
+    """Accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+                held.append(conn)
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    sock.close()
+
+
+def test_hung_server_fails_open_within_the_bound(hung_server: str) -> None:
+    started = time.monotonic()
+    result = prepare(make_preparer(hung_server))
+    elapsed = time.monotonic() - started
+    assert result.action == "failed"
+    assert "did not answer within" in result.reason
+    assert elapsed < 3.0
+
+
+def test_refused_connection_fails_open_at_once() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
+    result = prepare(make_preparer(f"http://127.0.0.1:{port}"))
+    assert result.action == "failed"
+    assert "cannot reach llama-server" in result.reason
+    assert result.elapsed_ms < 2000
+
+
+def test_server_errors_fail_open_with_the_status() -> None:
+    url = "http://127.0.0.1:9"
+    with respx.mock(base_url=url) as mock:
+        mock.route().respond(500, json={"error": {"message": "boom"}})
+        result = prepare(make_preparer(url))
+    assert result.action == "failed"
+    assert "HTTP 500" in result.reason and "boom" in result.reason
+
+
+def test_garbage_server_answers_fail_open() -> None:
+    url = "http://127.0.0.1:9"
+    with respx.mock(base_url=url) as mock:
+        mock.route().respond(200, content=b"\x00not json")
+        result = prepare(make_preparer(url))
+    assert result.action == "failed"
+    assert "invalid JSON" in result.reason
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b'{"messages": 3}', b"\xff\xfe", b'{"messages": [1, 2]}'])
+def test_garbage_request_bodies_are_skipped_without_a_server(raw: bytes) -> None:
+    result = prepare(make_preparer("http://127.0.0.1:9"), raw)
+    assert result.action == "skipped"
+    assert result.reason
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("fault", ["timeout", "disk-full"])
+def test_failed_save_fails_open_and_leaves_no_file(llama_server, fault: str) -> None:
+    server = llama_server("qwen3")
+    preparer = make_preparer(server.url, Timeouts(slot_io=1.0))
+    with respx.mock(assert_all_called=False) as mock:
+        save = mock.post(url__regex=rf"{server.url}/slots/0\?action=save")
+        if fault == "timeout":
+            save.side_effect = httpx.ReadTimeout("no answer")
+        else:
+            save.respond(500, json={"error": {"message": "Unable to save slot"}})
+        mock.route().pass_through()
+        result = prepare(preparer)
+    assert result.action == "failed"
+    assert "could not save" in result.reason
+    slot_dir: Path = preparer.settings.slot_dir
+    assert not list(slot_dir.glob("oc-prefix-*"))  # neither a file nor a .part left behind
+    assert not preparer.settings.index_path.exists()

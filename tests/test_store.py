@@ -1,0 +1,137 @@
+"""index.json, slot-file headers, settings, gates: the small pieces with their own rules."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from oc_prefix_cache.errors import ConfigError, IndexCorrupt, SlotFileError
+from oc_prefix_cache.gates import build_number, has_checkpoint_files, header_gate, probe_gate, served_from_head
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
+from oc_prefix_cache.store import Entry, Index, Store
+
+
+def make_store(tmp_path: Path) -> Store:
+    return Store(index_path=tmp_path / "index.json", lock_path=tmp_path / "index.lock")
+
+
+def entry(fp: str, used: int = 1) -> Entry:
+    return Entry(file=f"oc-prefix-{fp}.bin", bytes=10, prefix_tokens=5, created=1, last_used=used,
+                 model="m", server_build="b", harness="h")
+
+
+def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    assert store.load() == Index()
+    fp = "0123456789abcdef"
+
+    def change(index: Index) -> None:
+        index.entries[fp] = entry(fp)
+        index.current["http://x#slot0"] = fp
+
+    store.update(change)
+    data = json.loads((tmp_path / "index.json").read_text())
+    assert data["version"] == 1 and data["current"] == {"http://x#slot0": fp}
+    assert store.load().entries[fp] == entry(fp)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index-")] == []
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"version": 2, "entries": {}}', '{"version": 1, "entries": []}',
+                                  '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
+                                  '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
+                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}'])
+def test_corrupt_index_is_refused_and_left_as_it_was(tmp_path: Path, text: str) -> None:
+    (tmp_path / "index.json").write_text(text)
+    store = make_store(tmp_path)
+    with pytest.raises(IndexCorrupt):
+        store.load()
+    with pytest.raises(IndexCorrupt):
+        store.update(lambda index: None)
+    assert (tmp_path / "index.json").read_text() == text
+
+
+def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    fps = [f"{i:016x}" for i in range(20)]
+    threads = [threading.Thread(target=store.update, args=(lambda index, fp=fp: index.entries.__setitem__(fp, entry(fp)),))
+               for fp in fps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(store.load().entries) == fps
+
+
+def write_slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"S" * 64) -> None:
+    values = [-1, 1, len(tokens), *tokens, 0] if packed else tokens
+    path.write_bytes(struct.pack("<III", 0x67677371, 4, len(values)) + struct.pack(f"<{len(values)}i", *values) + state)
+
+
+def test_slot_file_header_reads_both_packings(tmp_path: Path) -> None:
+    for packed in (True, False):
+        path = tmp_path / f"f{packed}.bin"
+        write_slot_file(path, [5, 6, 7], packed=packed)
+        header = read_header(path)
+        assert header.tokens == (5, 6, 7) and header.state_bytes == 64
+
+
+@pytest.mark.parametrize("damage", [b"", b"xx", b"GGUF" + b"\x00" * 20])
+def test_unreadable_slot_files_raise(tmp_path: Path, damage: bytes) -> None:
+    path = tmp_path / "bad.bin"
+    path.write_bytes(damage)
+    with pytest.raises(SlotFileError):
+        read_header(path)
+
+
+def test_truncated_token_list_raises(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    write_slot_file(path, list(range(100)))
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(SlotFileError, match="truncated"):
+        read_header(path)
+
+
+def test_slot_file_names() -> None:
+    assert slot_filename("0123456789abcdef") == "oc-prefix-0123456789abcdef.bin"
+    assert fingerprint_of("oc-prefix-0123456789abcdef.bin") == "0123456789abcdef"
+    for name in ("oc-prefix-0123456789ABCDEF.bin", "oc-prefix-0123.bin", "other.bin", "oc-prefix-0123456789abcdef.bin.part"):
+        assert fingerprint_of(name) is None
+    with pytest.raises(ValueError):
+        slot_filename("../../etc")
+
+
+def test_gates() -> None:
+    assert header_gate([1, 2, 3], [1, 2, 3]).ok
+    assert "token 1" in header_gate([1, 9, 3], [1, 2, 3]).reason
+    assert not header_gate([1, 2], [1, 2, 3]).ok
+    assert probe_gate(cache_n=90, head_tokens=100).ok and not probe_gate(cache_n=89, head_tokens=100).ok
+    assert served_from_head(cache_n=7145, prefix_tokens=7145) and not served_from_head(cache_n=0, prefix_tokens=7145)
+    assert build_number("b11434-abc") == 11434 and build_number("b0-unknown") is None
+    assert has_checkpoint_files("b11500") and not has_checkpoint_files("b0-unknown")
+
+
+def test_settings_defaults_and_overrides(tmp_path: Path) -> None:
+    s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path)})
+    assert s.slot_dir == tmp_path / "slots" and s.index_path == tmp_path / "index.json"
+    assert (s.slot, s.ttl_days, s.keep_recent, s.max_gb, s.markers) == (0, 30.0, 3, None, ("<env>",))
+    s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path), "OC_PREFIX_CACHE_SLOT_DIR": "/srv/slots",
+                           "OC_PREFIX_CACHE_MAX_GB": "2.5", "OC_PREFIX_CACHE_MARKERS": "<env>, <dir>",
+                           "OC_PREFIX_CACHE_BASE_URL": "http://h:1/"})
+    assert s.slot_dir == Path("/srv/slots") and s.max_gb == 2.5 and s.markers == ("<env>", "<dir>")
+    assert s.base_url == "http://h:1"
+
+
+@pytest.mark.parametrize(("name", "value", "needle"), [
+    ("OC_PREFIX_CACHE_SLOT", "x", "whole number"), ("OC_PREFIX_CACHE_SLOT", "-1", ">= 0"),
+    ("OC_PREFIX_CACHE_MAX_GB", "lots", "GB"), ("OC_PREFIX_CACHE_TTL_DAYS", "-3", "negative"),
+    ("OC_PREFIX_CACHE_MARKERS", " , ", "empty"), ("OC_PREFIX_CACHE_DAEMON_HOST", "0.0.0.0", "loopback"),
+])
+def test_bad_settings_name_the_variable(name: str, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as info:
+        Settings.from_env({name: value})
+    assert name in str(info.value)
