@@ -26,4 +26,8 @@ if [ "$code" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
 fi
-exit "$code"
+[ "$code" -eq 0 ] || exit "$code"
+
+# The benchmark in smoke mode, so it cannot rot (full runs: docs/performance.md).
+echo "== bench (smoke)"
+.venv/bin/python bench/prepare_bench.py --smoke --models qwen35
