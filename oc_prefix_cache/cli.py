@@ -147,3 +147,50 @@ def daemon(
             pass
         finally:
             runner.stop()
+
+
+@app.command()
+def demo(
+    model: Annotated[Path | None, typer.Option("-m", "--model", help="Your GGUF model (default: tiny hybrid).")] = None,
+    server_bin: Annotated[Path | None, typer.Option(help="Your llama-server (default: the rig's CPU build).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show cold vs. warm first requests on a real OpenCode request, on this machine."""
+    from .demo import rows_json, run_demo
+    from .rig import ensure_rig, find_server
+    from .tinymodels import ensure_model
+
+    with edge():
+        settings = Settings.from_env()
+        with err.status("preparing llama-server and the model (first time: a ~6 min build, then cached)") as status:
+            def step(message: str) -> None:
+                status.update(message)
+                _progress(message)
+
+            if server_bin is not None or model is not None:
+                binary = find_server(settings, explicit=server_bin, build_if_missing=True, progress=step).path
+            else:
+                binary = ensure_rig(settings, progress=step).server
+            model_path = model or ensure_model(ensure_rig(settings, progress=step), "qwen35", progress=step)
+            rows = run_demo(binary=binary, model=model_path, step=step)
+        data = rows_json(rows)
+        if as_json:
+            print_json({"model": str(model_path), "server": str(binary), "rows": data})
+            return
+        _demo_table(data, model_path.name)
+
+
+def _demo_table(rows: list[dict[str, Any]], model_name: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"first request of a new OpenCode session ({model_name})")
+    for name in ("case", "ocpc", "prompt tok", "from cache", "ms", "vs cold"):
+        table.add_column(name, justify="left" if name in ("case", "ocpc") else "right")
+    for row in rows:
+        table.add_row(row["case"], row["action"], f"{row['prompt_n']:,}", f"{row['cache_n']:,}",
+                      f"{row['total_ms']:,.0f}", f"{row['speedup']:.1f}x")
+    out = Console()
+    out.print(table)
+    cold, restart = rows[0], rows[-1]
+    out.print(f"after a server restart: {cold['prompt_n'] / max(1, restart['prompt_n']):.0f}x fewer prompt tokens, "
+              f"{restart['speedup']:.1f}x faster than cold")

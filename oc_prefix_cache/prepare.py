@@ -3,8 +3,10 @@
 For one request body, in order of cost:
 - ``hit``: the same conversation going on (no server call at all), or a new session
   while the slot still holds this head (one ``GET /slots``);
-- ``restored``: a file for this fingerprint exists: header gate, restore, probe gate,
-  restore again so the slot holds exactly the head;
+- ``restored``: a file for this fingerprint exists: header gate, restore, probe gate
+  (the probe extends the head with this request's own next tokens, so the slot is left
+  holding a strict prefix of the request that follows, and a second restore to "exactly
+  the head" would only cost time);
 - ``warmed``: first run of this configuration: prefill the head's exact tokens, save,
   record in the index.
 Anything else is ``skipped`` (nothing to cache) or ``failed`` (with a reason). The
@@ -207,33 +209,36 @@ class Preparer:
         fp = plan.fingerprint
         n = len(plan.tokens)
 
-        def done(action: str, reason: str) -> PrepareResult:
+        def done(action: str, reason: str, *, exact: bool) -> PrepareResult:
+            """Answer, and remember what the slot now holds (``exact``: the head alone)."""
             id_task = self._slot_now(slot).id_task
             with self._guard:
-                self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task,
-                                             exact=action != "hit" or self._views.get(slot, _NO_VIEW).exact)
+                self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task, exact=exact)
             return PrepareResult(action, fp, n, reason=reason, tools_in_head=plan.tools_in_head)
 
         if fp in self._suspect:
             self._suspect.discard(fp)
-            return done("warmed", self._warm(plan, slot, server, why="rebuilt: a real request missed it"))
+            return done("warmed", self._warm(plan, slot, server, why="rebuilt: a real request missed it"),
+                        exact=True)
         view = self._views.get(slot)
         if view is not None and view.fingerprint == fp:
             holds = self._slot_holds(slot, view, hybrid=server.hybrid)
             if holds:
-                return done("hit", holds)
+                return done("hit", holds, exact=view.exact)
         path = self.settings.slot_dir / slot_filename(fp)
         if path.is_file():
             try:
-                return done("restored", self._restore_gated(plan, slot, path, server))
+                reason, exact = self._restore_gated(plan, slot, path)
+                return done("restored", reason, exact=exact)
             except _GateFailed as failure:
                 log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding",
                           path.name, failure, likely_cause(hybrid=server.hybrid, build_info=server.build,
                                                            head_tokens=n, checkpoint_min_step=None))
                 self.stats.counters["gate_failed"] += 1
                 self._erase_quietly(slot)
-                return done("warmed", self._warm(plan, slot, server, why=f"gate failed ({failure})"))
-        return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"))
+                return done("warmed", self._warm(plan, slot, server, why=f"gate failed ({failure})"),
+                            exact=True)
+        return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"), exact=True)
 
     def _slot_holds(self, slot: int, view: SlotView, *, hybrid: bool) -> str | None:
         """Why the slot still serves this head, or None. One cheap ``GET /slots``.
@@ -257,7 +262,8 @@ class Preparer:
         return None  # a hybrid slot that ran a turn cannot roll back to the head: restore
 
     # -- the three actions -------------------------------------------------------------
-    def _restore_gated(self, plan: HeadPlan, slot: int, path: Path, server: ServerIdentity) -> str:
+    def _restore_gated(self, plan: HeadPlan, slot: int, path: Path) -> tuple[str, bool]:
+        """Restore behind the gates; returns (reason, whether the slot holds the head alone)."""
         try:
             header = read_header(path)
             stat = path.stat()
@@ -274,15 +280,14 @@ class Preparer:
         self._restore(slot, filename)
         if key in self._proven:
             self._touch(plan, path, slot)
-            return f"restored in {_ms(started)} ms (file already proven on this server)"
+            return f"restored in {_ms(started)} ms (file already proven on this server)", True
         timings = self.client.evaluate(list(plan.tokens + plan.probe), slot=slot)
         gate = probe_gate(cache_n=timings.cache_n, head_tokens=len(plan.tokens))
         if not gate.ok:
             raise _GateFailed(gate.reason)
-        self._restore(slot, filename)  # back to exactly the head
         self._proven.add(key)
         self._touch(plan, path, slot)
-        return f"restored and gated in {_ms(started)} ms: {gate.reason}"
+        return f"restored and gated in {_ms(started)} ms: {gate.reason}", False
 
     def _check_digest(self, fp: str, path: Path) -> None:
         try:
@@ -443,8 +448,6 @@ class _SlotNow:
 class _GateFailed(OcpcError):
     """A restore that must not be trusted; the caller rebuilds."""
 
-
-_NO_VIEW = SlotView("", 0, "", (), "", None, exact=False)
 
 
 def _same_conversation(view: SlotView, session: str, digests: tuple[str, ...], tools_digest: str) -> bool:
