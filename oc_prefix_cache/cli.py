@@ -7,6 +7,7 @@ Listing commands take ``--json`` and then print plain JSON on stdout.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -194,3 +195,79 @@ def _demo_table(rows: list[dict[str, Any]], model_name: str) -> None:
     cold, restart = rows[0], rows[-1]
     out.print(f"after a server restart: {cold['prompt_n'] / max(1, restart['prompt_n']):.0f}x fewer prompt tokens, "
               f"{restart['speedup']:.1f}x faster than cold")
+
+
+def _config_path(config: Path | None, project: bool) -> Path:
+    from .install import default_config_path
+
+    if config is not None:
+        return config
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return default_config_path(project=project, cwd=Path.cwd(), xdg_config_home=Path(xdg))
+
+
+@app.command()
+def install(
+    config: Annotated[Path | None, typer.Option(help="OpenCode config file to edit.")] = None,
+    project: Annotated[bool, typer.Option("--project", help="Edit ./.opencode/ instead of the global config.")] = False,
+    base_url: Annotated[str | None, typer.Option(
+        envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL.")] = None,
+    provider_id: Annotated[str, typer.Option(help="Provider id to add when none points at the server.")] = "llamacpp",
+    model: Annotated[str, typer.Option(help="Model name for a newly added provider.")] = "local",
+    keep_title: Annotated[bool, typer.Option(help="Keep OpenCode's title request (it takes the slot).")] = False,
+    opencode_version: Annotated[str | None, typer.Option(
+        help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
+) -> None:
+    """Add the ocpc plugin (and a provider, if needed) to OpenCode's config. Idempotent."""
+    from .install import install as do_install
+
+    with edge():
+        settings = Settings.from_env()
+        path = _config_path(config, project)
+        version = opencode_version or _opencode_version()
+        said = do_install(settings, config_path=path, base_url=base_url or settings.base_url,
+                          provider_id=provider_id, model=model, keep_title=keep_title, opencode_version=version)
+        for line in said or [f"nothing to change: {path} already has ocpc"]:
+            print(line)
+
+
+@app.command()
+def uninstall(
+    config: Annotated[Path | None, typer.Option(help="OpenCode config file to restore.")] = None,
+    project: Annotated[bool, typer.Option("--project", help="Restore ./.opencode/ instead of the global config.")] = False,
+) -> None:
+    """Undo `ocpc install`: the config goes back to exactly what it was."""
+    from .install import uninstall as do_uninstall
+
+    with edge():
+        for line in do_uninstall(Settings.from_env(), config_path=_config_path(config, project)):
+            print(line)
+
+
+def _opencode_version() -> str | None:
+    import shutil
+    import subprocess
+
+    binary = shutil.which("opencode")
+    if binary is None:
+        return None
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    version = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    return version or None
+
+
+@app.command()
+def paths(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Where ocpc keeps its state (use `ocpc paths --json` in scripts)."""
+    with edge():
+        settings = Settings.from_env()
+        data = {"home": str(settings.home), "slots": str(settings.slot_dir), "index": str(settings.index_path),
+                "logs": str(settings.log_dir), "rig": str(settings.rig_dir), "daemon": settings.daemon_url}
+        if as_json:
+            print_json(data)
+            return
+        for key, value in data.items():
+            print(f"{key:7} {value}")

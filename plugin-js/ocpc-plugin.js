@@ -278,21 +278,29 @@ async function askDaemon(call, outerSignal, settings) {
   const totalTimer = setTimeout(() => stop(`no answer within ${settings.prepareTimeoutMs} ms`), settings.prepareTimeoutMs);
   // If OpenCode gives up on the request (user abort, its own timeout), stop waiting too.
   const onOuterAbort = () => stop("request aborted by OpenCode");
+  // Raced against every await below, so the bounds hold even on a runtime whose fetch
+  // would not end a body read when its signal aborts.
+  const aborted = new Promise((resolve, reject) => {
+    controller.signal.addEventListener("abort", () => reject(new DaemonError(why)), { once: true });
+  });
+  aborted.catch(() => {}); // handled through the races; never an unhandled rejection
   if (outerSignal?.aborted) onOuterAbort();
   outerSignal?.addEventListener?.("abort", onOuterAbort, { once: true });
   try {
-    const response = await globalThis.fetch(`${settings.daemonUrl}/v1/prepare`, {
+    const request = globalThis.fetch(`${settings.daemonUrl}/v1/prepare`, {
       method: "POST",
       headers: { "content-type": "application/json", ...call.headers },
       body: call.body,
       signal: controller.signal,
+      timeout: false, // Bun's own fetch timeout would cut a long warm-up short; ours bound it
     });
+    const response = await Promise.race([request, aborted]);
     clearTimeout(headersTimer);
     if (!response.ok) {
       response.body?.cancel().catch(() => {});
       throw new DaemonError(`daemon answered HTTP ${response.status}`, response.status);
     }
-    const text = await response.text();
+    const text = await Promise.race([response.text(), aborted]);
     return { status: response.status, answer: parseAnswer(text) };
   } catch (err) {
     if (why !== null) throw new DaemonError(why);
@@ -429,7 +437,6 @@ async function countsFromJson(reader) {
 // reuse is unknown: no report rather than a wrong "0 reused".
 function countsFromChunk(chunk) {
   const timings = chunk?.timings;
-  if (isCount(chunk?.usage?.prompt_tokens) && isCount(chunk?.usage?.prompt_tokens_details?.cached_tokens)) return { cache_n: chunk.usage.prompt_tokens_details.cached_tokens, prompt_n: 1, source: "usage" };
   if (isCount(timings?.cache_n) && isCount(timings?.prompt_n)) {
     return { cache_n: timings.cache_n, prompt_n: timings.prompt_n, source: "timings" };
   }

@@ -166,8 +166,9 @@ test("a broken $OCPC_PLUGIN_CONFIG falls back to defaults and is logged", async 
     await hooks.config(cfg);
   });
   assert.ok(isWrapped(cfg.provider.llamacpp));
-  const lines = await waitForLines(log, (ls) => ls.some((l) => l.ev === "error" && l.stage === "settings"));
-  assert.ok(lines.some((l) => l.ev === "wrapped" && l.provider === "llamacpp"));
+  // Waits for the last line written, so the earlier ones are there too (appends are ordered).
+  const lines = await waitForLines(log, (ls) => ls.some((l) => l.ev === "wrapped" && l.provider === "llamacpp"));
+  assert.ok(lines.some((l) => l.ev === "error" && l.stage === "settings" && l.error.includes("not valid JSON")));
 });
 
 test("ocpc-plugin.json next to the plugin file is read", async () => {

@@ -399,8 +399,9 @@ for (const failure of FAILURES) {
     assertForwardedIdentical();
     assert.equal(res.status, 200);
     assert.equal(await res.text(), llama.state.sent);
-    const lines = await waitForLog(logFile, (l) => l.ev === "error" && l.stage === "prepare");
-    assert.ok(lines.some((l) => l.ev === "forward" && l.status === 200));
+    // "forward" is logged after the prepare error, and lines are appended in order.
+    const lines = await waitForLog(logFile, (l) => l.ev === "forward" && l.status === 200);
+    assert.ok(lines.some((l) => l.ev === "error" && l.stage === "prepare" && typeof l.error === "string"));
     await sleep(50);
     assert.equal(daemon.state.reports.length, 0, "no fingerprint, no report");
   });

@@ -1,0 +1,171 @@
+"""Read and minimally edit JSON-with-comments (opencode.jsonc) without losing a byte.
+
+We never re-serialise a user's config: comments, key order and formatting stay. To
+read, comments and trailing commas are blanked out (keeping every offset) and the text
+is parsed as JSON; to edit, a snippet is inserted right after an object's opening brace.
+Uninstall removes exactly the snippets install inserted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import OcpcError
+
+
+class JsoncError(OcpcError):
+    """The config is not JSON, even allowing comments and trailing commas."""
+
+
+def blank_comments(text: str) -> str:
+    """Replace comments and trailing commas with spaces; offsets stay the same."""
+    out = list(text)
+    i, n = 0, len(text)
+    in_string = False
+    while i < n:
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                in_string = False
+            i += 1
+        elif c == '"':
+            in_string = True
+            i += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out[i:end] = " " * (end - i)
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise JsoncError("unterminated /* comment")
+            end += 2
+            out[i:end] = [ch if ch == "\n" else " " for ch in text[i:end]]
+            i = end
+        else:
+            i += 1
+    cleaned = "".join(out)
+    return _blank_trailing_commas(cleaned)
+
+
+def _blank_trailing_commas(text: str) -> str:
+    out = list(text)
+    in_string = False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 2
+                continue
+            in_string = c != '"'
+        elif c == '"':
+            in_string = True
+        elif c == ",":
+            j = i + 1
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            if j < len(text) and text[j] in "]}":
+                out[i] = " "
+        i += 1
+    return "".join(out)
+
+
+def loads(text: str) -> Any:
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(blank_comments(text))
+    except json.JSONDecodeError as exc:
+        raise JsoncError(f"not valid JSON(C) at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+
+
+@dataclass(frozen=True)
+class Insertion:
+    """A snippet put into the text at ``offset``: enough to take it out again."""
+
+    offset: int
+    snippet: str
+
+
+def object_open(text: str, path: tuple[str, ...]) -> int:
+    """Offset just after the ``{`` of the object at ``path`` (``()`` is the root)."""
+    clean = blank_comments(text)
+    decoder = json.JSONDecoder()
+    start = clean.index("{") if "{" in clean else -1
+    if start < 0:
+        raise JsoncError("the config is not a JSON object")
+    for key in path:
+        start = _find_key_value(clean, start, key, decoder)
+        if clean[start] != "{":
+            raise JsoncError(f"'{key}' is not an object")
+    return start + 1
+
+
+def _find_key_value(clean: str, obj_start: int, key: str, decoder: json.JSONDecoder) -> int:
+    """Offset of the value of ``key`` directly inside the object at ``obj_start``."""
+    i = obj_start + 1
+    while True:
+        i = _skip_ws(clean, i)
+        if clean[i] == "}":
+            raise JsoncError(f"no key '{key}'")
+        name, i = decoder.raw_decode(clean, i)
+        i = _skip_ws(clean, i)
+        if clean[i] != ":":
+            raise JsoncError("malformed object")
+        value_start = _skip_ws(clean, i + 1)
+        if name == key:
+            return value_start
+        _, i = decoder.raw_decode(clean, value_start)
+        i = _skip_ws(clean, i)
+        if clean[i] == ",":
+            i += 1
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def insert_member(text: str, path: tuple[str, ...], key: str, value: Any) -> tuple[str, Insertion]:
+    """Insert ``"key": value`` as the first member of the object at ``path``."""
+    at = object_open(text, path)
+    clean = blank_comments(text)
+    empty = clean[_skip_ws(clean, at)] == "}"
+    indent = "  " * (len(path) + 1)
+    rendered = json.dumps(value, indent=2).replace("\n", "\n" + indent)
+    snippet = f"\n{indent}{json.dumps(key)}: {rendered}{'' if empty else ','}"
+    return text[:at] + snippet + text[at:], Insertion(at, snippet)
+
+
+def append_to_array(text: str, path: tuple[str, ...], key: str, item: Any) -> tuple[str, Insertion]:
+    """Insert ``item`` as the first element of the array ``key`` in the object at ``path``."""
+    clean = blank_comments(text)
+    obj = object_open(text, path) - 1
+    start = _find_key_value(clean, obj, key, json.JSONDecoder())
+    if clean[start] != "[":
+        raise JsoncError(f"'{key}' is not an array")
+    at = start + 1
+    empty = clean[_skip_ws(clean, at)] == "]"
+    snippet = json.dumps(item) + ("" if empty else ", ")
+    return text[:at] + snippet + text[at:], Insertion(at, snippet)
+
+
+def remove(text: str, insertion: Insertion) -> str | None:
+    """Take a snippet out again: at its offset, or wherever it now is if it is there once.
+
+    None when the snippet is gone or ambiguous: then we do not guess.
+    """
+    at = insertion.offset
+    if text[at : at + len(insertion.snippet)] != insertion.snippet:
+        if text.count(insertion.snippet) != 1:
+            return None
+        at = text.index(insertion.snippet)
+    return text[:at] + text[at + len(insertion.snippet) :]
