@@ -217,6 +217,7 @@ def install(
     keep_title: Annotated[bool, typer.Option(help="Keep OpenCode's title request (it takes the slot).")] = False,
     opencode_version: Annotated[str | None, typer.Option(
         help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
+    output_limit: Annotated[int | None, typer.Option(help="Output token limit for a newly added model.")] = None,
 ) -> None:
     """Add the ocpc plugin (and a provider, if needed) to OpenCode's config. Idempotent."""
     from .install import install as do_install
@@ -226,7 +227,8 @@ def install(
         path = _config_path(config, project)
         version = opencode_version or _opencode_version()
         said = do_install(settings, config_path=path, base_url=base_url or settings.base_url,
-                          provider_id=provider_id, model=model, keep_title=keep_title, opencode_version=version)
+                          provider_id=provider_id, model=model, keep_title=keep_title, opencode_version=version,
+                          output_limit=output_limit)
         for line in said or [f"nothing to change: {path} already has ocpc"]:
             print(line)
 

@@ -115,6 +115,13 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
+    def handle(self) -> None:
+        """A client that gave up (the plugin's timeout) is normal, not an error to print."""
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            log.info("client %s went away before the answer: %s", self.address_string(), exc)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("%s " + format, self.address_string(), *args)
 

@@ -27,6 +27,7 @@ from .settings import Settings
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent.parent / "plugin-js" / "ocpc-plugin.js"
 PLUGIN_NAME = "ocpc-plugin.js"
+CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
 
 
 class InstallError(OcpcError):
@@ -69,7 +70,7 @@ def default_config_path(*, project: bool, cwd: Path, xdg_config_home: Path) -> P
 
 
 def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provider_id: str,
-               model: str, keep_title: bool) -> list[Edit]:
+               model: str, keep_title: bool, output_limit: int | None = None) -> list[Edit]:
     """What install must insert into ``config``: the pure decision, tested on its own."""
     edits: list[Edit] = []
     plugins = config.get("plugin")
@@ -84,7 +85,8 @@ def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provid
             "npm": "@ai-sdk/openai-compatible",
             "name": "llama.cpp (ocpc)",
             "options": {"baseURL": normalise_base_url(base_url) + "/v1"},
-            "models": {model: {"name": model}},
+            "models": {model: {"name": model} | (
+                {"limit": {"context": CONTEXT_LIMIT, "output": output_limit}} if output_limit else {})},
         }
         if providers is None:
             edits.append(Edit((), "provider", {provider_id: provider}, False,
@@ -119,7 +121,8 @@ def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
 
 
 def install(settings: Settings, *, config_path: Path, base_url: str, provider_id: str, model: str,
-            keep_title: bool = False, opencode_version: str | None = None) -> list[str]:
+            keep_title: bool = False, opencode_version: str | None = None,
+            output_limit: int | None = None) -> list[str]:
     """Install; returns one line per change (empty when there was nothing to do)."""
     said: list[str] = []
     plugin_path = _install_plugin_files(settings, base_url, said)
@@ -133,7 +136,7 @@ def install(settings: Settings, *, config_path: Path, base_url: str, provider_id
     if not isinstance(config, dict):
         raise InstallError(f"{config_path} is not a JSON object; not touching it")
     edits = plan_edits(config, plugin_url=plugin_path.as_uri(), base_url=base_url,
-                       provider_id=provider_id, model=model, keep_title=keep_title)
+                       provider_id=provider_id, model=model, keep_title=keep_title, output_limit=output_limit)
     if edits:
         new_text, insertions = _apply(text if text.strip() else "{\n}\n", edits)
         jsonc.loads(new_text)  # never write what we could not read back

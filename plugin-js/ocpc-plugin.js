@@ -50,7 +50,9 @@ function envDefaults() {
     daemonUrl: env.OC_PREFIX_CACHE_DAEMON_URL || "http://127.0.0.1:8765",
     baseURL: env.OC_PREFIX_CACHE_BASE_URL || "http://127.0.0.1:8080",
     headersTimeoutMs: 500,
-    prepareTimeoutMs: 900000,
+    // Under OpenCode's own provider timeout (300 s by default): a longer cold warm-up
+    // gives up here, and the request goes on (and prefills the head itself).
+    prepareTimeoutMs: 240000,
     reportTimeoutMs: 2000,
     logFile: env.OCPC_PLUGIN_LOG || null,
   };
@@ -190,13 +192,20 @@ function makeWrapper(previousFetch, settings, log) {
       throw err; // OpenCode's own error (abort, connection refused...): not ours to hide
     }
     log({ ev: "forward", ms: Date.now() - started, status: response.status });
-    return observeUsage(response, prepared, init, settings, log);
+    try {
+      return observeUsage(response, prepared, init, settings, log);
+    } catch (err) {
+      // Only reachable before the tee (e.g. a custom fetch returned an odd object), so the
+      // answer is still whole.
+      log({ ev: "error", stage: "observe", error: describeError(err) });
+      return response;
+    }
   };
   wrapper[WRAPPED] = true;
   return wrapper;
 }
 
-// A chat completion with a string body -> {href, body, headers}; anything else -> null.
+// A chat completion with a string body -> {body, headers}; anything else -> null.
 // Never throws: an odd argument just means "not ours", and the request passes through.
 function describeChatCall(url, init) {
   try {
@@ -206,7 +215,7 @@ function describeChatCall(url, init) {
     const href = typeof url === "string" ? url : url instanceof URL ? url.href : isRequest ? url.url : null;
     if (!href || !new URL(href).pathname.endsWith("/chat/completions")) return null;
     const headers = pickHeaders(init.headers ?? (isRequest ? url.headers : undefined));
-    return { href, body: init.body, headers };
+    return { body: init.body, headers };
   } catch {
     return null;
   }

@@ -28,6 +28,9 @@ if [ "$code" -eq 5 ]; then
 fi
 [ "$code" -eq 0 ] || exit "$code"
 
+echo "== node --test (the OpenCode plugin)"
+node --test plugin-js/test/
+
 # The benchmark in smoke mode, so it cannot rot (full runs: docs/performance.md).
 echo "== bench (smoke)"
 .venv/bin/python bench/prepare_bench.py --smoke --models qwen35

@@ -1,9 +1,9 @@
 // The module's shape, its settings, and which providers the config hook wraps.
 // No network here: wrapper behaviour is in wrapper.test.mjs.
 
-import { test } from "node:test";
+import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -12,6 +12,9 @@ import * as plugin from "../ocpc-plugin.js";
 
 const PLUGIN_FILE = new URL("../ocpc-plugin.js", import.meta.url);
 const WRAPPED = Symbol.for("oc-prefix-cache.wrapped-fetch");
+
+const TMP = mkdtempSync(join(tmpdir(), "ocpc-plugin-test-"));
+after(() => rmSync(TMP, { recursive: true, force: true }));
 
 function provider(baseURL, extra = {}) {
   return { npm: "@ai-sdk/openai-compatible", options: { baseURL, apiKey: "sk-local", ...extra } };
@@ -132,7 +135,7 @@ test("the plugin function copes with no input at all", async () => {
 });
 
 test("settings come from $OCPC_PLUGIN_CONFIG when no test settings are given", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "ocpc-plugin-"));
+  const dir = mkdtempSync(join(TMP, "case-"));
   const file = join(dir, "settings.json");
   writeFileSync(file, JSON.stringify({ baseURL: "http://127.0.0.1:9999" }));
   const cfg = {
@@ -156,7 +159,7 @@ test("env defaults apply when no settings file exists", async () => {
 });
 
 test("a broken $OCPC_PLUGIN_CONFIG falls back to defaults and is logged", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "ocpc-plugin-"));
+  const dir = mkdtempSync(join(TMP, "case-"));
   const file = join(dir, "settings.json");
   const log = join(dir, "plugin.jsonl");
   writeFileSync(file, "{not json");
@@ -173,7 +176,7 @@ test("a broken $OCPC_PLUGIN_CONFIG falls back to defaults and is logged", async 
 
 test("ocpc-plugin.json next to the plugin file is read", async () => {
   // A copy of the plugin in its own folder, as `ocpc install` lays it out.
-  const dir = mkdtempSync(join(tmpdir(), "ocpc-plugin-"));
+  const dir = mkdtempSync(join(TMP, "case-"));
   copyFileSync(PLUGIN_FILE, join(dir, "ocpc-plugin.js"));
   writeFileSync(join(dir, "ocpc-plugin.json"), JSON.stringify({ baseURL: "http://localhost:6666/v1" }));
   const copy = await import(pathToFileURL(join(dir, "ocpc-plugin.js")).href);

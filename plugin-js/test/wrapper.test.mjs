@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import { createHash } from "node:crypto";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -226,6 +226,7 @@ before(async () => {
 after(async () => {
   await stop(llama);
   await stop(daemon);
+  rmSync(logDir, { recursive: true, force: true });
 });
 
 beforeEach(() => {

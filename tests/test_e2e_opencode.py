@@ -1,0 +1,167 @@
+"""End to end: the real OpenCode binary, the plugin installed by `ocpc install`, the daemon,
+and a real llama-server with the tiny hybrid model. Four sessions:
+
+1. project A: the head is warmed;
+2. project B (another AGENTS.md): the first main request is served from the head;
+3. after a llama-server restart: restored behind the gates, served from the head;
+4. daemon stopped: OpenCode still works, the request goes through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from oc_prefix_cache.llama_process import free_port
+from oc_prefix_cache.process import stop_group
+
+pytestmark = pytest.mark.rig
+
+OPENCODE_VERSION = "1.18.33"
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def opencode_bin() -> Path:
+    """OpenCode from npm, installed once under the rig cache (fails loudly without npm)."""
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"opencode-{OPENCODE_VERSION}"
+    binary = folder / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
+    if not binary.exists():
+        npm = shutil.which("npm")
+        assert npm, "npm is needed to install opencode-ai for the end-to-end test"
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", f"opencode-ai@{OPENCODE_VERSION}"],
+                       cwd=folder, check=True, capture_output=True, timeout=900)
+    assert binary.exists(), f"opencode-ai@{OPENCODE_VERSION} did not provide {binary}"
+    assert shutil.which("rg"), "OpenCode's tools need ripgrep (rg) on PATH: apt-get install ripgrep"
+    return binary
+
+
+class Daemon:
+    """`ocpc daemon` as a real subprocess, stopped by its PID."""
+
+    def __init__(self, env: dict[str, str], server_url: str, log: Path) -> None:
+        self.env, self.server_url, self.log = env, server_url, log
+        self.port = int(env["OC_PREFIX_CACHE_DAEMON_PORT"])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "oc_prefix_cache", "daemon", "--server", self.server_url, "-v"],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(100):
+            try:
+                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError(f"daemon did not start: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc, grace=5)
+            self.proc = None
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = httpx.get(f"{self.url}/v1/status", timeout=5).json()
+        return data
+
+
+def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi") -> str:
+    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"opencode failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def wait_for_report(daemon: Daemon, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The plugin reports in the background after the stream; give it a moment."""
+    for _ in range(50):
+        report = daemon.status()["daemon"]["last_report"]
+        if report and report != previous:
+            return dict(report)
+        time.sleep(0.1)
+    raise AssertionError("no report from the plugin after the session")
+
+
+def last_main_prepare(daemon: Daemon) -> dict[str, Any]:
+    events = [e for e in daemon.status()["daemon"]["events"] if e["action"] != "skipped"]
+    return dict(events[-1])
+
+
+def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768)
+    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+           "OC_PREFIX_CACHE_BASE_URL": server.url,
+           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
+    installed = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server.url, "--model", MODEL,
+         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
+        env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert installed.returncode == 0, installed.stderr
+    config = isolated_home / "config" / "opencode" / "opencode.json"
+    assert "ocpc-plugin.js" in config.read_text()
+
+    daemon = Daemon(env, server.url, tmp_path / "daemon.log")
+    daemon.start()
+    projects = {}
+    for name, agents in (("projA", "# Project A\nUse tabs."), ("projB", "# Project B\nUse spaces, always.")):
+        projects[name] = tmp_path / name
+        projects[name].mkdir()
+        (projects[name] / "AGENTS.md").write_text(agents + "\n")
+    seen: list[dict[str, Any]] = []
+    try:
+        run_opencode(opencode_bin, env, projects["projA"])
+        first = last_main_prepare(daemon)
+        report1 = wait_for_report(daemon, None)
+        assert first["action"] == "warmed", first
+        seen.append({"session": 1, **first, **report1})
+
+        run_opencode(opencode_bin, env, projects["projB"])
+        second = last_main_prepare(daemon)
+        report2 = wait_for_report(daemon, report1)
+        assert second["action"] in ("hit", "restored"), second
+        assert report2["cache_n"] >= 0.9 * second["prefix_tokens"], (second, report2)
+        seen.append({"session": 2, **second, **report2})
+
+        server.restart()
+        run_opencode(opencode_bin, env, projects["projB"])
+        third = last_main_prepare(daemon)
+        report3 = wait_for_report(daemon, report2)
+        assert third["action"] == "restored" and "gated" in third["reason"], third
+        assert report3["cache_n"] >= 0.9 * third["prefix_tokens"], (third, report3)
+        seen.append({"session": 3, **third, **report3})
+    finally:
+        daemon.stop()
+
+    requests_before = server_requests(server.log_path)
+    run_opencode(opencode_bin, env, projects["projA"])
+    assert server_requests(server.log_path) > requests_before, "session 4's request did not reach the server"
+    events = [json.loads(line) for line in (isolated_home.parent / "ocpc" / "logs" / "plugin.jsonl").read_text().splitlines()]
+    last_error = max(i for i, e in enumerate(events) if e["ev"] == "error" and e.get("stage") == "prepare")
+    forwards = [e for e in events[last_error:] if e["ev"] == "forward"]
+    assert forwards and forwards[0]["status"] == 200, events[last_error:]
+    seen.append({"session": 4, "action": "daemon down", "plugin": events[last_error]["error"][:60],
+                 "forward_status": forwards[0]["status"]})
+    print("\n" + "\n".join(json.dumps(s) for s in seen))
+
+
+def server_requests(log: Path) -> int:
+    return log.read_text(errors="replace").count("stop processing")
