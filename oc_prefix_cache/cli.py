@@ -273,3 +273,48 @@ def paths(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
             return
         for key, value in data.items():
             print(f"{key:7} {value}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    model: Annotated[Path | None, typer.Option("-m", "--model", help="GGUF model (default: the rig's tiny model).")] = None,
+    port: Annotated[int, typer.Option(envvar="OCPC_SERVER_PORT", help="llama-server port.")] = 8080,
+    server_bin: Annotated[Path | None, typer.Option(help="llama-server binary (else LLAMA_SERVER, PATH, rig).")] = None,
+    parallel: Annotated[int, typer.Option("-np", "--parallel", help="Slots (-np). 1: one slot holds the head.")] = 1,
+    checkpoint_min_step: Annotated[int, typer.Option(
+        help="--checkpoint-min-step: no larger than the head (default 1024; the server's 8192 is).")] = 1024,
+    ubatch: Annotated[int, typer.Option("-ub", help="-ub: checkpoints fall on ubatch boundaries.")] = 512,
+    cache_ram: Annotated[int, typer.Option(help="--cache-ram MiB: the server's RAM prompt cache.")] = 8192,
+    ctx_checkpoints: Annotated[int, typer.Option(help="--ctx-checkpoints kept per slot.")] = 32,
+) -> None:
+    """Start llama-server with the flags the cache needs, and the daemon beside it.
+
+    Extra llama-server arguments go after `--` (e.g. `-- -c 32768 -ngl 99`) and win over ours.
+    """
+    from . import launch as launcher
+    from .rig import ensure_rig, find_server
+    from .tinymodels import ensure_model
+
+    with edge():
+        settings = Settings.from_env()
+        host = "127.0.0.1"
+        server = find_server(settings, explicit=server_bin, build_if_missing=True, progress=_progress)
+        model_path = model or ensure_model(ensure_rig(settings, progress=_progress), "qwen35", progress=_progress)
+        _progress(f"llama-server: {server.path} ({server.source}, {server.version})")
+        advice = launcher.build_advice(server.version)
+        if advice:
+            err.print(f"[yellow]note:[/yellow] {advice}", highlight=False)
+        flags = launcher.cache_flags(settings=settings, host=host, port=port, parallel=parallel,
+                                     checkpoint_min_step=checkpoint_min_step, ubatch=ubatch,
+                                     cache_ram_mib=cache_ram, ctx_checkpoints=ctx_checkpoints)
+        argv, notes = launcher.build_argv(server.path, model_path, flags,
+                                          launcher.supported_options(launcher.server_help(server.path)), ctx.args)
+        for note in notes:
+            _progress(note)
+        status = err.status("loading the model")
+        status.start()
+        code = launcher.run(settings, binary=server.path, argv=argv, port=port, host=host, say=_progress,
+                            on_wait=lambda s: status.update(f"loading the model ({s:.0f} s)"),
+                            on_ready=status.stop)
+        raise typer.Exit(code)

@@ -1,0 +1,189 @@
+"""``ocpc launch``: llama-server with the flags the cache needs, and the daemon beside it.
+
+One command, one foreground process tree: llama-server runs in its own process group
+(SIGTERM, then SIGKILL after a grace period), the daemon in a thread of this process.
+Ctrl-C or SIGTERM stops both; a lock file per port refuses a second launch; a runtime
+file (``server-<port>.json``) tells ``doctor`` and ``status`` how the server was started.
+Each default flag says why in ``cache_flags`` (and in docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .daemon import Daemon
+from .errors import ConfigError, ProcessError
+from .gates import CHECKPOINT_FILES_BUILD, build_number
+from .process import Supervised
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]  # every spelling, the first is what we pass
+    value: str | None
+    why: str
+
+
+def cache_flags(*, settings: Settings, host: str, port: int, parallel: int, checkpoint_min_step: int,
+                ubatch: int, cache_ram_mib: int, ctx_checkpoints: int) -> list[Flag]:
+    return [
+        Flag(("--host",), host, "loopback only: the server and its slot API are not for the network"),
+        Flag(("--port",), str(port), "the server's port"),
+        Flag(("--slot-save-path",), str(settings.slot_dir) + os.sep,
+             "slot files go to ocpc's folder (OC_PREFIX_CACHE_SLOT_DIR), where the daemon checks them"),
+        Flag(("-np", "--parallel"), str(parallel),
+             "one slot holds the head; `ocpc install` keeps OpenCode's title request off it"),
+        Flag(("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"), str(ctx_checkpoints),
+             "hybrid/SWA models roll back only to a checkpoint: keep enough of them"),
+        Flag(("--checkpoint-min-step", "-cms"), str(checkpoint_min_step),
+             "no larger than the head (7-20k tokens), so conversations get checkpoints past it"),
+        Flag(("-ub", "--ubatch-size"), str(ubatch), "checkpoints fall on ubatch boundaries near a prompt's end"),
+        Flag(("--cache-ram", "-cram"), str(cache_ram_mib), "RAM prompt cache: a returning session can resume from RAM"),
+        Flag(("--metrics",), None, "prompt_tokens_cached_total in /metrics, for `ocpc status`"),
+    ]
+
+
+def supported_options(help_text: str) -> set[str]:
+    """Every option spelling a build's ``--help`` mentions."""
+    return set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", help_text))
+
+
+def server_help(binary: Path) -> str:
+    try:
+        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProcessError(f"cannot run {binary} --help: {exc}") from exc
+    return proc.stdout + proc.stderr
+
+
+def build_argv(binary: Path, model: Path, flags: Sequence[Flag], supported: set[str],
+               extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The argv, and notes on flags this build lacks or the user overrode."""
+    argv, notes = [str(binary), "-m", str(model)], []
+    given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("-")}
+    for flag in flags:
+        if given & set(flag.names):
+            notes.append(f"{flag.names[0]}: yours (from the extra arguments)")
+            continue
+        name = next((n for n in flag.names if n in supported), None)
+        if name is None:
+            notes.append(f"{flag.names[0]}: this build does not know it; skipped ({flag.why})")
+            continue
+        argv += [name] if flag.value is None else [name, flag.value]
+    return argv + list(extra), notes
+
+
+def build_advice(version: str) -> str | None:
+    """What the build number means for the cache; None when it is new enough."""
+    number = build_number(version.split()[0] if version else "") or _build_from_version(version)
+    if number is None:
+        return ("llama-server build unknown (an sdist or local build): assuming no checkpoint persistence; "
+                "hybrid/SWA models then reuse only exact-prefix restores, which ocpc always makes")
+    if number < CHECKPOINT_FILES_BUILD:
+        return (f"llama-server b{number} is older than b{CHECKPOINT_FILES_BUILD}: slot files carry no context "
+                "checkpoints; hybrid/SWA models reuse only exact-prefix restores (what ocpc saves)")
+    return None
+
+
+def _build_from_version(version: str) -> int | None:
+    """``0.6.0-dev (build 11434, commit abc)`` -> 11434; build 0 means unknown."""
+    match = re.search(r"build (\d+)", version)
+    if match is None or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1))
+
+
+def runtime_path(settings: Settings, port: int) -> Path:
+    return settings.home / f"server-{port}.json"
+
+
+def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads(runtime_path(settings, port).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextmanager
+def launch_lock(settings: Settings, port: int) -> Iterator[None]:
+    """One launch per port: a held flock, with the holder's pid inside for the message."""
+    path = settings.home / f"launch-{port}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(f"ocpc launch is already running on port {port} (pid {holder}); "
+                              "stop it first or pick another --port") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: str,
+        say: Callable[[str], None], on_wait: Callable[[float], None], on_ready: Callable[[], None],
+        load_timeout: float = 900.0) -> int:
+    """Start both, wait for a signal or the server's exit, stop both. Returns an exit code."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    url = f"http://{host}:{port}"
+    server = Supervised(name="llama-server", argv=argv, health_url=f"{url}/health",
+                        log_path=settings.log_dir / f"llama-server-{port}.log")
+    daemon: Daemon | None = None
+    try:
+        with launch_lock(settings, port):
+            settings.slot_dir.mkdir(parents=True, exist_ok=True)
+            say(f"starting llama-server on {url} (log: {server.log_path})")
+            try:
+                server.start(timeout=load_timeout, on_wait=on_wait)
+            finally:
+                on_ready()
+            _write_runtime(settings, port, server.pid, binary, argv, url)
+            daemon = Daemon(settings=settings, server_url=url, server_binary=binary)
+            daemon.start()
+            say(f"ready: llama-server pid {server.pid}, ocpc daemon on {daemon.url}; Ctrl-C stops both")
+            while not stop.wait(0.5):
+                if not server.alive():
+                    say(f"llama-server exited; see {server.log_path}")
+                    return 1
+            say("stopping")
+            return 0
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        server.stop()
+        runtime_path(settings, port).unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_runtime(settings: Settings, port: int, pid: int | None, binary: Path, argv: list[str], url: str) -> None:
+    data = {"pid": pid, "launcher_pid": os.getpid(), "binary": str(binary), "argv": argv, "url": url,
+            "started": int(time.time())}
+    path = runtime_path(settings, port)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
