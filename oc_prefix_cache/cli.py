@@ -318,3 +318,75 @@ def launch(
                             on_wait=lambda s: status.update(f"loading the model ({s:.0f} s)"),
                             on_ready=status.stop)
         raise typer.Exit(code)
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Server, daemon and disk at a glance, with a one-line verdict. Works with parts down."""
+    import time
+
+    from .status import age, gather, verdict
+
+    with edge():
+        data = gather(Settings.from_env())
+        data["verdict"] = verdict(data)
+        if as_json:
+            print_json(data)
+            return
+        out = Console()
+        server, daemon, disk = data["server"], data["daemon"], data["disk"]
+        if server["reachable"]:
+            flags = server.get("flags") or {}
+            out.print(f"server  {server['url']}  {server['build']}  {Path(server['model'] or '?').name}  "
+                      f"slots {server['slots']} x {server['n_ctx']} ctx")
+            if flags:
+                out.print(f"        slot-save-path {flags.get('slot_save_path') or 'MISSING'}  "
+                          f"checkpoint-min-step {flags.get('checkpoint_min_step') or 'default'}")
+        else:
+            out.print(f"server  {server['url']}  [red]down[/red]: {server.get('error')}")
+        if daemon["up"]:
+            c = daemon["counters"]
+            out.print(f"daemon  {daemon['url']}  hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "
+                      f"warmed {c.get('warmed', 0)}  skipped {c.get('skipped', 0)}  fail-open {daemon['fail_opens']}")
+            for event in daemon["recent"]:
+                out.print(f"        {event['action']:9} {event['ms']:8.1f} ms  {event['fingerprint'] or ''}")
+            report = daemon.get("last_report")
+            if report:
+                out.print(f"        last request: {report['cache_n']:,} tokens from cache, {report['prompt_n']:,} "
+                          f"processed ({report['verdict']})")
+        else:
+            out.print(f"daemon  [red]down[/red]: {daemon['error']}")
+        cap = f" of {disk['cap_bytes'] / 1e9:.1f} GB cap" if disk["cap_bytes"] else ""
+        out.print(f"disk    {disk['slot_dir']}  {len(disk['files'])} file(s), {disk['total_bytes'] / 1e6:,.1f} MB{cap}")
+        for f in disk["files"][:8]:
+            used = age(time.time() - f["last_used"]) if f["last_used"] else "not in index"
+            out.print(f"        {f['fingerprint']}  {f['bytes'] / 1e6:8.1f} MB  {used}{'  current' if f['current'] else ''}")
+        if disk.get("index_error"):
+            out.print(f"        [red]{disk['index_error']}[/red]")
+        out.print(data["verdict"], style="bold")
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    opencode_config: Annotated[Path | None, typer.Option(help="OpenCode config to check.")] = None,
+) -> None:
+    """Check everything the cache depends on, with the fix for each problem. Exit 1 if broken."""
+    from dataclasses import asdict
+
+    from .doctor import run_checks
+
+    with edge():
+        checks = run_checks(Settings.from_env(), opencode_config=opencode_config)
+        broken = any(c.status == "fail" for c in checks)
+        if as_json:
+            print_json({"ok": not broken, "checks": [asdict(c) for c in checks]})
+        else:
+            out = Console()
+            marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+            for check in checks:
+                out.print(f"{marks[check.status]} {check.name:20} {check.detail}", highlight=False)
+                if check.fix and check.status != "ok":
+                    out.print(f"     {'':20} fix: {check.fix}", style="dim", highlight=False)
+        if broken:
+            raise typer.Exit(1)

@@ -38,19 +38,9 @@ from .errors import (
 )
 from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
 from .gates import header_gate, likely_cause, probe_gate, served_from_head
-from .head import (
-    ChatBody,
-    Head,
-    Skip,
-    extends,
-    extract_head,
-    harness_of,
-    head_body,
-    locate_head,
-    parse_body,
-    tokens_before,
-)
+from .head import ChatBody, Head, Skip, extends, extract_head, harness_of, parse_body
 from .locks import file_lock
+from .render import render_head
 from .server_info import gather_identity
 from .settings import Settings
 from .slot_client import SlotClient
@@ -59,7 +49,6 @@ from .store import Entry, Index, Store, slot_key
 
 log = logging.getLogger("ocpc.prepare")
 
-PROBE_TOKENS = 4  # tokens of the real prompt after the head, for the reuse probe
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 
 
@@ -341,24 +330,14 @@ class Preparer:
             cached = self._plans.get(key)
         if cached is not None:
             return cached
-        prompt = self.client.apply_template(head_body(body))
-        offset = locate_head(prompt, head)
-        if offset is None:
-            raise OcpcError("the chat template changed the system text; cannot find the head in the prompt")
-        pieces = self.client.tokenize_pieces(prompt)
-        head_bytes = len(prompt[:offset].encode())
-        tokens = tokens_before(pieces, head_bytes)
-        if not tokens:
-            raise OcpcError("the head is empty after rendering; nothing to cache")
-        probe = tuple(t for t, _ in pieces[len(tokens): len(tokens) + PROBE_TOKENS])
-        tools_at = prompt.find(f'"name": "{_first_tool_name(body)}"')
+        rendered = render_head(self.client, body, head)
         plan = HeadPlan(
             fingerprint=fingerprint(FingerprintInputs(
                 server=server, harness=harness, ocpc_version=__version__, head=head,
-                rendered_head=prompt[:offset],
+                rendered_head=rendered.head_text,
             )),
-            tokens=tuple(tokens), probe=probe or (tokens[-1],),
-            tools_in_head=0 <= tools_at < offset, harness=harness, model=head.model,
+            tokens=rendered.tokens, probe=rendered.probe,
+            tools_in_head=rendered.tools_in_head, harness=harness, model=head.model,
         )
         with self._guard:
             self._plans[key] = plan
@@ -456,14 +435,6 @@ def _same_conversation(view: SlotView, session: str, digests: tuple[str, ...], t
     if session and view.session and session != view.session:
         return False
     return extends(view.digests, digests)
-
-
-def _first_tool_name(body: ChatBody) -> str:
-    tools = body.data.get("tools") or []
-    first = tools[0] if tools and isinstance(tools[0], dict) else {}
-    function = first.get("function") if isinstance(first.get("function"), dict) else first
-    name = function.get("name") if isinstance(function, dict) else None
-    return name if isinstance(name, str) else "\x00"
 
 
 def _ms(started: float) -> int:

@@ -55,3 +55,44 @@ def _partial_cache_cached(model_path: str, size: int, mtime_ns: int) -> bool:
         return read_gguf_info(Path(model_path)).partial_cache
     except OcpcError:
         return True
+
+
+def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str] | None:
+    """How the server at ``url`` was started: from ``ocpc launch``'s runtime file, else by
+    finding a local llama-server process listening on that port (Linux /proc), else None.
+    The API does not expose flags such as --checkpoint-min-step; its command line does.
+    """
+    if runtime and isinstance(runtime.get("argv"), list):
+        return [str(a) for a in runtime["argv"]]
+    port = port_of(url)
+    if port is None:
+        return None
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = [a.decode(errors="replace") for a in cmdline.read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if argv and "llama-server" in Path(argv[0]).name and flag_value(argv, ("--port",)) == str(port):
+            return argv
+    return None
+
+
+def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value given to any spelling of a flag (``--x V`` or ``--x=V``); '' for a bare flag."""
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in names:
+            if eq:
+                return value
+            return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+    return None
+
+
+def port_of(url: str) -> int | None:
+    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    if ":" not in rest:
+        return 80
+    try:
+        return int(rest.rsplit(":", 1)[1])
+    except ValueError:
+        return None

@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-from oc_prefix_cache.head import extract_head, head_body, locate_head, parse_body, tokens_before
+from oc_prefix_cache.head import Head, extract_head, head_body, parse_body
+from oc_prefix_cache.render import render_head
 from oc_prefix_cache.slot_client import SlotClient, Timings
 
 CAPTURES = Path(__file__).parent / "data" / "opencode-1.18.33"
@@ -41,10 +42,8 @@ def head_tokens(client: SlotClient, body: dict[str, Any], markers: tuple[str, ..
     """The exact token prefix of ``body`` up to its first marker, as the product computes it."""
     parsed = parse_body(json.dumps(body).encode())
     head = extract_head(parsed, markers)
-    prompt = client.apply_template(head_body(parsed))
-    offset = locate_head(prompt, head)  # type: ignore[arg-type]
-    assert offset is not None
-    return tokens_before(client.tokenize_pieces(prompt), len(prompt[:offset].encode()))
+    assert isinstance(head, Head)
+    return list(render_head(client, parsed, head).tokens)
 
 
 def whole_prompt_tokens(client: SlotClient, body: dict[str, Any]) -> list[int]:

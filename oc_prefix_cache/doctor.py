@@ -1,0 +1,199 @@
+"""``ocpc doctor``: check every condition the cache depends on, and say how to fix each.
+
+Checks run in order and later ones are skipped when the server is down. Each check is a
+``Check`` with ``ok``, ``warn`` or ``fail``; any ``fail`` makes the exit code non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .demo import opencode_body
+from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
+from .gates import CHECKPOINT_FILES_BUILD, build_number
+from .head import Head, extract_head, parse_body
+from .install import default_config_path
+from .launch import read_runtime
+from .render import render_head
+from .server_info import flag_value, identity_from_props, port_of, server_argv
+from .settings import Settings
+from .slot_client import SlotClient, Timeouts
+from .store import Store
+
+SERVER_DEFAULT_MIN_STEP = 8192  # llama-server's --checkpoint-min-step when not given
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+
+def run_checks(settings: Settings, *, opencode_config: Path | None = None) -> list[Check]:
+    checks: list[Check] = [_index(settings), _daemon(settings), _opencode(settings, opencode_config)]
+    with SlotClient(settings.base_url, timeouts=Timeouts(connect=1.0, quick=10.0, slot_io=60.0)) as client:
+        try:
+            props = client.props()
+        except ServerError as exc:
+            checks.insert(0, Check("server", "fail", str(exc),
+                                   f"start it with `ocpc launch -m MODEL.gguf --port {port_of(settings.base_url)}`"))
+            return checks
+        checks.insert(0, Check("server", "ok", f"{settings.base_url} answers; model {props.get('model_path')}"))
+        port = port_of(settings.base_url)
+        argv = server_argv(settings.base_url, runtime=read_runtime(settings, port) if port else None)
+        identity = identity_from_props(props, binary=None)
+        checks.append(_slot_save_path(settings, client))
+        layout, head_tokens = _layout(settings, client)
+        checks.append(layout)
+        checks.append(_build(str(props.get("build_info") or "unknown"), identity.hybrid, props))
+        checks.append(_min_step(argv, head_tokens, identity.hybrid))
+        checks.append(_slots(int(props.get("total_slots") or 1), opencode_config or _default_config()))
+        checks.append(_disk(settings))
+    return checks
+
+
+def _slot_save_path(settings: Settings, client: SlotClient) -> Check:
+    """Prove where saves land: save to a probe file, look for it in ocpc's folder, delete it."""
+    name = f"ocpc-doctor-{os.getpid()}.bin"
+    try:
+        client.save(settings.slot, name)
+    except SlotSaveDisabled:
+        return Check("slot-save-path", "fail", "llama-server runs without --slot-save-path",
+                     f"start it with `ocpc launch`, or add --slot-save-path {settings.slot_dir}/")
+    except ServerError as exc:
+        return Check("slot-save-path", "warn", f"could not test a save: {exc}")
+    landed = settings.slot_dir / name
+    if landed.exists():
+        landed.unlink()
+        return Check("slot-save-path", "ok", f"saves land in {settings.slot_dir}")
+    return Check("slot-save-path", "fail", f"the server saves somewhere other than {settings.slot_dir}",
+                 "set OC_PREFIX_CACHE_SLOT_DIR to the server's --slot-save-path (with a trailing /), "
+                 f"and delete the stray {name} there")
+
+
+def _layout(settings: Settings, client: SlotClient) -> tuple[Check, int | None]:
+    """How many tokens the head covers on this template, and how many of them are tools."""
+    body = parse_body(opencode_body("A"))
+    head = extract_head(body, settings.markers)
+    if not isinstance(head, Head):
+        return Check("template", "warn", f"sample request has no head: {head.reason}"), None
+    try:
+        rendered = render_head(client, body, head)
+        tools = None
+        if rendered.tools_in_head:  # the same head rendered without tools: the difference is theirs
+            bare = render_head(client, parse_body(_without_tools(opencode_body("A"))), head)
+            tools = len(rendered.tokens) - len(bare.tokens)
+    except OcpcError as exc:
+        return Check("template", "warn", f"could not render a sample OpenCode request: {exc}"), None
+    n = len(rendered.tokens)
+    if not rendered.tools_in_head:
+        return Check("template", "warn", f"head {n:,} tokens: the template renders tools after the marker, "
+                     "so the cached head holds no tools", "a template that renders tools first caches more"), n
+    return Check("template", "ok", f"head {n:,} tokens (OpenCode 1.18 sample), of which tools {tools:,}"
+                 if tools is not None else f"head {n:,} tokens"), n
+
+
+def _without_tools(raw: bytes) -> bytes:
+    data = json.loads(raw)
+    data.pop("tools", None)
+    data.pop("tool_choice", None)
+    return json.dumps(data).encode()
+
+
+def _build(build_info: str, hybrid: bool, props: dict[str, Any]) -> Check:
+    number = build_number(build_info)
+    kind = "hybrid/SWA" if hybrid else "plain transformer"
+    if number is not None and number >= CHECKPOINT_FILES_BUILD:
+        return Check("build", "ok", f"{build_info}: slot files keep checkpoints; {kind} model")
+    what = ("restores are reused only as exact token prefixes, which is what ocpc saves"
+            if hybrid else "restores are reused by common prefix")
+    return Check("build", "warn" if hybrid else "ok",
+                 f"{build_info or 'unknown build'} (< b{CHECKPOINT_FILES_BUILD} or unknown); {kind} model: {what}",
+                 f"a build >= b{CHECKPOINT_FILES_BUILD} also persists checkpoints" if hybrid else "")
+
+
+def _min_step(argv: list[str] | None, head_tokens: int | None, hybrid: bool) -> Check:
+    if argv is None:
+        return Check("checkpoint-min-step", "warn", "cannot see the server's command line",
+                     "start it with `ocpc launch` so its flags are recorded")
+    raw = flag_value(argv, ("--checkpoint-min-step", "-cms"))
+    step = int(raw) if raw and raw.isdigit() else SERVER_DEFAULT_MIN_STEP
+    given = "" if raw else " (the server's default)"
+    if head_tokens is None or not hybrid:
+        return Check("checkpoint-min-step", "ok", f"{step}{given}" + ("" if hybrid else "; not needed for this model"))
+    if step > head_tokens:
+        return Check("checkpoint-min-step", "fail",
+                     f"{step}{given} is larger than the head ({head_tokens:,} tokens): a hybrid model gets no "
+                     "checkpoint inside a conversation, so a turn that diverges re-processes everything",
+                     "pass --checkpoint-min-step 1024 (ocpc launch does)")
+    return Check("checkpoint-min-step", "ok", f"{step}{given} <= head ({head_tokens:,} tokens)")
+
+
+def _slots(total: int, config: Path) -> Check:
+    try:
+        text = config.read_text()
+    except OSError:
+        text = ""
+    title_off = '"disable": true' in text.replace(" ", "").replace('"disable":true', '"disable": true')
+    if total == 1 and not title_off and "small_model" not in text:
+        return Check("slots", "warn", "-np 1 and OpenCode's title request share the slot: each new session "
+                     "then pays one restore", "`ocpc install` disables the title request; or run -np 2")
+    return Check("slots", "ok", f"{total} slot(s)" + ("; title request disabled" if title_off else ""))
+
+
+def _disk(settings: Settings) -> Check:
+    folder = settings.slot_dir if settings.slot_dir.exists() else settings.home
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else Path.home()).free
+        entries = Store(index_path=settings.index_path, lock_path=settings.lock_path).load().entries.values()
+    except (OSError, StoreError):
+        return Check("disk", "warn", "cannot read the free space or the index")
+    largest = max((e.bytes for e in entries), default=0)
+    detail = f"{free / 1e9:.1f} GB free in {folder}; largest slot file {largest / 1e6:.1f} MB"
+    if largest and free < largest:
+        return Check("disk", "fail", detail, "free space, or lower OC_PREFIX_CACHE_MAX_GB and run `ocpc gc`")
+    if largest and free < 2 * largest:
+        return Check("disk", "warn", detail, "less than two files' worth free: `ocpc gc`")
+    return Check("disk", "ok", detail)
+
+
+def _index(settings: Settings) -> Check:
+    try:
+        index = Store(index_path=settings.index_path, lock_path=settings.lock_path).load()
+    except StoreError as exc:
+        return Check("index", "fail", str(exc), f"fix or move away {settings.index_path}")
+    return Check("index", "ok", f"{len(index.entries)} fingerprint(s) recorded")
+
+
+def _daemon(settings: Settings) -> Check:
+    try:
+        httpx.get(f"{settings.daemon_url}/health", timeout=httpx.Timeout(2.0, connect=0.5)).raise_for_status()
+    except httpx.HTTPError:
+        return Check("daemon", "warn", f"no ocpc daemon at {settings.daemon_url}: sessions go on uncached",
+                     "run `ocpc launch` (server and daemon) or `ocpc daemon`")
+    return Check("daemon", "ok", f"up at {settings.daemon_url}")
+
+
+def _opencode(settings: Settings, config: Path | None) -> Check:
+    path = config or _default_config()
+    try:
+        text = path.read_text()
+    except OSError:
+        return Check("opencode", "warn", f"no OpenCode config at {path}", "run `ocpc install`")
+    if "ocpc-plugin.js" not in text:
+        return Check("opencode", "warn", f"{path} does not load the ocpc plugin", "run `ocpc install`")
+    return Check("opencode", "ok", f"{path} loads the ocpc plugin")
+
+
+def _default_config() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return default_config_path(project=False, cwd=Path.cwd(), xdg_config_home=Path(xdg))

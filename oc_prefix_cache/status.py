@@ -1,0 +1,138 @@
+"""``ocpc status``: the server, the daemon, the disk, and a one-line verdict.
+
+Every part is gathered on its own and time-bounded, so a dead server or daemon is
+reported, not fatal: the disk state is always shown. The verdict is a pure function of
+the gathered facts. JSON shape: docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .errors import OcpcError, StoreError
+from .launch import read_runtime
+from .server_info import port_of, flag_value, server_argv
+from .settings import Settings
+from .slot_client import SlotClient, Timeouts
+from .slotfile import fingerprint_of
+from .store import Store
+
+QUICK = Timeouts(connect=0.5, quick=2.0)
+
+
+def gather(settings: Settings) -> dict[str, Any]:
+    return {
+        "server": server_part(settings),
+        "daemon": daemon_part(settings),
+        "disk": disk_part(settings),
+    }
+
+
+def server_part(settings: Settings) -> dict[str, Any]:
+    url = settings.base_url
+    part: dict[str, Any] = {"url": url, "reachable": False}
+    with SlotClient(url, timeouts=QUICK) as client:
+        try:
+            props = client.props()
+            slots = client.slots()
+        except OcpcError as exc:
+            part["error"] = str(exc)
+            return part
+    port = port_of(url)
+    argv = server_argv(url, runtime=read_runtime(settings, port) if port else None)
+    part.update(
+        reachable=True, build=props.get("build_info"), model=props.get("model_path"),
+        slots=len(slots), n_ctx=(props.get("default_generation_settings") or {}).get("n_ctx"),
+        busy=[s.get("id") for s in slots if s.get("is_processing")],
+        flags=_flags(argv),
+    )
+    return part
+
+
+def _flags(argv: list[str] | None) -> dict[str, str | None] | None:
+    if argv is None:
+        return None
+    names = {
+        "slot_save_path": ("--slot-save-path",), "parallel": ("-np", "--parallel"),
+        "checkpoint_min_step": ("--checkpoint-min-step", "-cms"), "ctx_checkpoints": ("--ctx-checkpoints", "-ctxcp"),
+        "cache_ram": ("--cache-ram", "-cram"), "ctx_size": ("-c", "--ctx-size"), "metrics": ("--metrics",),
+    }
+    return {key: flag_value(argv, spellings) for key, spellings in names.items()}
+
+
+def daemon_part(settings: Settings) -> dict[str, Any]:
+    url = settings.daemon_url
+    try:
+        data = httpx.get(f"{url}/v1/status", timeout=httpx.Timeout(2.0, connect=0.5)).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"url": url, "up": False, "error": f"no ocpc daemon at {url} ({type(exc).__name__})"}
+    daemon = data.get("daemon") or {}
+    counters = daemon.get("counters") or {}
+    recent = [{"action": e.get("action"), "ms": e.get("elapsed_ms"), "fingerprint": e.get("fingerprint")}
+              for e in (daemon.get("events") or [])[-5:]]
+    return {"url": url, "up": True, "server_url": (data.get("server") or {}).get("url"),
+            "counters": counters, "fail_opens": counters.get("failed", 0), "recent": recent,
+            "last_report": daemon.get("last_report"), "suspect": daemon.get("suspect", [])}
+
+
+def disk_part(settings: Settings) -> dict[str, Any]:
+    store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
+    part: dict[str, Any] = {"slot_dir": str(settings.slot_dir),
+                            "cap_bytes": int(settings.max_gb * 1e9) if settings.max_gb else None}
+    try:
+        index = store.load()
+        part["index_error"] = None
+    except StoreError as exc:
+        index, part["index_error"] = None, str(exc)
+    current = set(index.current.values()) if index else set()
+    files = []
+    for path in _pattern_files(settings.slot_dir):
+        fp = fingerprint_of(path.name) or ""
+        entry = index.entries.get(fp) if index else None
+        files.append({"fingerprint": fp, "file": path.name, "bytes": path.stat().st_size,
+                      "last_used": entry.last_used if entry else None, "prefix_tokens":
+                      entry.prefix_tokens if entry else None, "current": fp in current, "indexed": entry is not None})
+    part["files"] = sorted(files, key=lambda f: -(f["last_used"] or 0))
+    part["total_bytes"] = sum(f["bytes"] for f in files)
+    part["current"] = sorted(current)
+    return part
+
+
+def _pattern_files(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if fingerprint_of(p.name) and p.is_file() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def verdict(status: dict[str, Any]) -> str:
+    """One line: warm, cold or broken, with the reason."""
+    server, daemon, disk = status["server"], status["daemon"], status["disk"]
+    if not server.get("reachable"):
+        return f"broken: llama-server at {server['url']} is not reachable; run ocpc doctor"
+    flags = server.get("flags") or {}
+    if server.get("flags") is not None and not flags.get("slot_save_path"):
+        return "broken: llama-server runs without --slot-save-path; run ocpc doctor"
+    if not daemon.get("up"):
+        return "broken: the ocpc daemon is not running (sessions go on uncached); run ocpc doctor"
+    if disk.get("index_error"):
+        return "broken: index.json is unreadable (cleanup is off); run ocpc doctor"
+    if daemon.get("suspect"):
+        return "cold: the last real request missed the head; the next session rebuilds it"
+    saved = {f["fingerprint"] for f in disk["files"]}
+    if any(fp in saved for fp in disk["current"]):
+        return "warm: next session starts from cache"
+    return "cold: no head saved yet; the next session warms it once"
+
+
+def age(seconds_ago: float) -> str:
+    if seconds_ago < 90:
+        return f"{seconds_ago:.0f} s ago"
+    if seconds_ago < 5400:
+        return f"{seconds_ago / 60:.0f} min ago"
+    if seconds_ago < 129600:
+        return f"{seconds_ago / 3600:.0f} h ago"
+    return f"{seconds_ago / 86400:.0f} days ago"
