@@ -382,11 +382,47 @@ def doctor(
         if as_json:
             print_json({"ok": not broken, "checks": [asdict(c) for c in checks]})
         else:
-            out = Console()
-            marks = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+            from rich.markup import escape
+            from rich.table import Table
+
+            marks = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
+            grid = Table.grid(padding=(0, 1))
+            for _ in range(3):
+                grid.add_column()
             for check in checks:
-                out.print(f"{marks[check.status]} {check.name:20} {check.detail}", highlight=False)
-                if check.fix and check.status != "ok":
-                    out.print(f"     {'':20} fix: {check.fix}", style="dim", highlight=False)
+                fix = f"\n[dim]fix: {escape(check.fix)}[/dim]" if check.fix and check.status != "ok" else ""
+                grid.add_row(marks[check.status], check.name, escape(check.detail) + fix)
+            Console(highlight=False).print(grid)
         if broken:
+            raise typer.Exit(1)
+
+
+@app.command()
+def gc(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go, and why; delete nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Delete old slot files: never a current one, never a file not named like ours."""
+    from dataclasses import asdict
+
+    from .gc import run_gc
+
+    with edge():
+        plan = run_gc(Settings.from_env(), dry_run=dry_run)
+        if as_json:
+            print_json(asdict(plan) | {"dry_run": dry_run, "bytes_freed": plan.bytes_freed})
+        else:
+            out = Console(highlight=False)
+            if plan.disabled:
+                out.print(f"[red]cleanup is off:[/red] {plan.disabled}")
+            for d in plan.decisions:
+                verb = ("would delete" if dry_run else "deleted") if d.action == "delete" else "keep"
+                out.print(f"{verb:12} {d.fingerprint}  {d.bytes / 1e6:8.1f} MB  {d.reason}")
+            for name in plan.ignored:
+                out.print(f"{'not ours':12} {name}")
+            for warning in plan.warnings:
+                out.print(f"[yellow]warning:[/yellow] {warning}")
+            out.print(f"{len(plan.to_delete)} file(s), {plan.bytes_freed / 1e6:,.1f} MB "
+                      f"{'would be ' if dry_run else ''}freed; {plan.bytes_after / 1e6:,.1f} MB left")
+        if plan.disabled:
             raise typer.Exit(1)

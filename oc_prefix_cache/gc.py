@@ -76,8 +76,7 @@ def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str 
             now: float, ttl_days: float, keep_recent: int, max_bytes: int | None) -> GcPlan:
     """Pure policy: the same inputs always give the same plan (see the module docstring)."""
     ours = sorted((f for f in files if f.regular and FILE_RE.match(f.name)), key=lambda f: f.name)
-    ours_names = {f.name for f in ours}
-    ignored = tuple(sorted(f.name for f in files if f.name not in ours_names))
+    ignored = tuple(sorted(f.name for f in files if f not in ours))
     total = sum(f.bytes for f in ours)
     if index is None or index_error is not None:
         why = f"index.json is unreadable ({index_error or 'no index given'}): "
@@ -151,8 +150,7 @@ def _age(seconds: float) -> str:
         return f"{max(int(seconds // 60), 0)} min"
     if seconds < DAY:
         return f"{int(seconds // 3600)} h"
-    days = int(seconds // DAY)
-    return f"{days} day" if days == 1 else f"{days} days"
+    return "1 day" if seconds < 2 * DAY else f"{int(seconds // DAY)} days"
 
 
 def _size(n: int) -> str:
@@ -202,8 +200,7 @@ def _plan_now(settings: Settings, store: Store, now: float) -> tuple[GcPlan, Ind
     except OSError as exc:  # an unreadable folder: say so, delete nothing
         why = f"cannot list {settings.slot_dir} ({exc}): cleanup is off this run"
         return GcPlan((), (), (), (), why, (), 0, 0), None, []
-    index: Index | None = None
-    error: str | None = None
+    index, error = None, None
     try:
         index = store.load()
     except IndexCorrupt as exc:
@@ -218,8 +215,7 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
            store: Store) -> GcPlan:
     """Delete what the plan says, re-checking each file first; then drop its entries."""
     current = set(index.current.values())
-    decisions: list[Decision] = []
-    warnings, gone = list(plan.warnings), set[str]()
+    decisions, warnings, gone = list[Decision](), list(plan.warnings), set[str]()
     for d in plan.decisions:
         if d.action == "delete":
             why = _still_deletable(settings.slot_dir / d.name, listed[d.name], current)
@@ -250,7 +246,7 @@ def _still_deletable(path: Path, planned: DiskFile, current: set[str]) -> str | 
     """None if ``path`` is still the regular ocpc file we planned on; else why not."""
     fp = fingerprint_of(path.name)
     if fp is None or fp in current:
-        return "became current while gc ran" if fp else "not an ocpc slot file"
+        return "is a current fingerprint" if fp else "not an ocpc slot file"
     try:
         st = path.lstat()
     except FileNotFoundError:

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
 from .gates import header_gate, likely_cause, probe_gate, served_from_head
+from .gc import run_gc
 from .head import ChatBody, Head, Skip, extends, extract_head, harness_of, parse_body
 from .locks import file_lock
 from .render import render_head
@@ -316,6 +317,7 @@ class Preparer:
         stat = final.stat()
         self._proven.add((plan.fingerprint, stat.st_size, stat.st_mtime_ns))
         note = self._record_entry(plan, final, slot, server, digest)
+        self._collect_garbage()
         return (f"{why}: prefilled {timings.prompt_n} tokens and saved {stat.st_size / 1e6:.1f} MB "
                 f"in {_ms(started)} ms{note}")
 
@@ -363,6 +365,18 @@ class Preparer:
             log.error("%s", exc)
             return f" (not recorded: {exc})"
         return ""
+
+    def _collect_garbage(self) -> None:
+        """The same policy as `ocpc gc`, after each save: disk use stays bounded by itself."""
+        try:
+            plan = run_gc(self.settings, dry_run=False)
+        except (OcpcError, OSError) as exc:  # cleanup must never fail a prepare
+            log.error("gc after save failed: %s", exc)
+            return
+        if plan.disabled:
+            log.error("gc after save: %s", plan.disabled)
+        for decision in plan.to_delete:
+            log.info("gc deleted %s: %s", decision.name, decision.reason)
 
     def _touch(self, plan: HeadPlan, path: Path, slot: int) -> None:
         now = int(time.time())

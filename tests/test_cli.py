@@ -44,3 +44,31 @@ def test_bad_setting_is_one_line_and_exit_1(monkeypatch) -> None:
     assert result.exit_code == 1
     assert "OC_PREFIX_CACHE_SLOT" in result.output
     assert "Traceback" not in result.output
+
+
+def test_gc_dry_run_json_lists_and_keeps(isolated_home, tmp_path) -> None:
+    from oc_prefix_cache.settings import Settings
+
+    slots = Settings.from_env().slot_dir
+    slots.mkdir(parents=True)
+    orphan = slots / "oc-prefix-00000000000000bb.bin"
+    orphan.write_bytes(b"x")
+    (slots / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["gc", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["dry_run"] is True and data["orphans"] == [orphan.name]
+    assert data["ignored"] == ["notes.txt"]
+    assert orphan.exists()
+
+
+def test_gc_with_corrupt_index_refuses(isolated_home) -> None:
+    from oc_prefix_cache.settings import Settings
+
+    settings = Settings.from_env()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.index_path.write_text("{broken")
+    result = runner.invoke(app, ["gc"])
+    assert result.exit_code == 1
+    assert "cleanup is off" in result.output
+    assert settings.index_path.read_text() == "{broken"

@@ -109,6 +109,11 @@ def test_a_corrupt_index_turns_cleanup_off() -> None:
                           "cleanup is off until it is fixed or moved away")
 
 
+def test_an_index_error_wins_even_if_an_index_is_passed() -> None:
+    p = plan([disk(A, days_old=400)], Index(), error="cannot read index.json")
+    assert p.to_delete == () and p.disabled and p.orphans == ()
+
+
 def test_a_missing_index_counts_as_empty() -> None:
     p = plan([disk(A, days_old=40), disk(B, days_old=3)], Index())
     assert p.disabled is None and p.orphans == (name(A), name(B))
@@ -278,6 +283,25 @@ def test_run_gc_never_follows_a_symlink_out_of_the_folder(tmp_path: Path) -> Non
     assert p.decisions == () and set(p.ignored) == {name(A), name(B)}
     assert target.read_bytes() == b"p" * 1000 and (s.slot_dir / name(A)).is_symlink()
     assert list(store_of(s).load().entries) == [A]  # the entry is not "missing" either
+
+
+def test_run_gc_rechecks_each_file_just_before_deleting_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file that became a symlink, or was rewritten, after the listing is left alone."""
+    s = make_settings(tmp_path, OC_PREFIX_CACHE_KEEP_RECENT="0")
+    target = tmp_path / "precious.bin"
+    target.write_bytes(b"p" * 100)
+    s.slot_dir.mkdir(parents=True)
+    (s.slot_dir / name(A)).symlink_to(target)
+    put(s, name(B), days_old=1)
+    store_of(s).save(index_of({A: 90, B: 90}))
+    stale = [DiskFile(name(A), 100, NOW - 90 * DAY), DiskFile(name(B), 100, NOW - 90 * DAY)]
+    monkeypatch.setattr("oc_prefix_cache.gc.list_slot_dir", lambda _: stale)
+    p = run_gc(s, dry_run=False, now=NOW)
+    assert {d.fingerprint: d.reason for d in p.decisions} == {
+        A: "no longer a regular file", B: "changed while gc ran"}
+    assert p.to_delete == () and len(p.warnings) == 2
+    assert target.exists() and (s.slot_dir / name(A)).is_symlink() and (s.slot_dir / name(B)).exists()
+    assert sorted(store_of(s).load().entries) == [A, B]
 
 
 def test_run_gc_on_a_missing_folder_does_nothing(tmp_path: Path) -> None:

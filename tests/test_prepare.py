@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from oc_prefix_cache.prepare import Preparer, PrepareResult
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.store import Store
+from oc_prefix_cache.store import Entry, Store
 
 from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, TITLE, UA, capture, capture_bytes, chat
 
@@ -268,3 +269,25 @@ def test_server_without_slot_save_path_fails_open_with_the_fix(prep) -> None:
     result = rig.prepare(PROJ_A)
     assert result.action == "failed"
     assert "--slot-save-path" in result.reason
+
+
+def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
+    monkeypatch.setenv("OC_PREFIX_CACHE_KEEP_RECENT", "0")
+    _, rig = prep("qwen3")
+    rig.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": rig.client.base_url})
+    rig.preparer.settings = rig.settings
+    old_fp = "00000000000000aa"
+    rig.settings.slot_dir.mkdir(parents=True, exist_ok=True)
+    old_file = rig.settings.slot_dir / f"oc-prefix-{old_fp}.bin"
+    old_file.write_bytes(b"x" * 100)
+    stranger = rig.settings.slot_dir / "someone-elses.bin"
+    stranger.write_bytes(b"keep me")
+    long_ago = int(time.time()) - 60 * 86400
+    rig.store.update(lambda index: index.entries.__setitem__(old_fp, Entry(
+        file=old_file.name, bytes=100, prefix_tokens=1, created=long_ago, last_used=long_ago,
+        model="m", server_build="b", harness="h")))
+    warmed = rig.prepare(PROJ_A)
+    assert warmed.action == "warmed"
+    assert not old_file.exists() and stranger.exists()
+    assert (rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin").exists()
+    assert list(rig.store.load().entries) == [warmed.fingerprint]
