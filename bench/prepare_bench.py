@@ -44,8 +44,30 @@ TURN2 = "04_projA_turn2_main_request.json"
 COLD, FIRST, SAME, RESTART = "cold (no ocpc)", "first run", "same server", "after restart"
 
 
+SIZE = "8k"  # set per run by main(): which head size the bodies are scaled to
+
+
 def body(name: str) -> bytes:
-    return (CAPTURES / name).read_bytes()
+    return scaled((CAPTURES / name).read_bytes(), SIZE)
+
+
+def scaled(raw: bytes, size: str) -> bytes:
+    """The captured request with its head scaled: ~2k (two tools), ~8k (as captured,
+    7.1k), ~16k (the tools repeated under new names, as with many MCP servers)."""
+    if size == "8k":
+        return raw
+    data = json.loads(raw)
+    tools = data["tools"]
+    if size == "2k":
+        data["tools"] = tools[:2]
+    elif size == "16k":
+        extra = [json.loads(json.dumps(t)) for t in tools + tools[: len(tools) // 2]]
+        for i, tool in enumerate(extra):
+            tool["function"]["name"] += f"_mcp{i}"
+        data["tools"] = tools + extra
+    else:
+        raise SystemExit(f"--sizes takes 2k, 8k, 16k; not {size!r}")
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 def real_request(url: str, name: str) -> dict[str, float]:
@@ -71,7 +93,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, calls: int) -
     port = free_port()
     settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{port}"})
     server = LlamaServer(config=ServerConfig(binary=binary, model=model, port=port, slot_dir=settings.slot_dir,
-                                             ctx_size=16384), log_path=work / f"{label}-server.log")
+                                             ctx_size=32768), log_path=work / f"{label}-server.log")
     rows: dict[str, Any] = {}
     server.start()
     try:
@@ -168,6 +190,7 @@ def main() -> int:
     parser.add_argument("--model-path", type=Path, help="a model of your own (with --server-bin)")
     parser.add_argument("--server-bin", type=Path, help="your llama-server binary")
     parser.add_argument("--calls", type=int, default=200, help="hit-path prepare calls")
+    parser.add_argument("--sizes", default="2k,8k,16k", help="head sizes: 2k, 8k (as captured), 16k")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     settings = Settings.from_env()
@@ -179,10 +202,13 @@ def main() -> int:
         for name in args.models.split(","):
             targets[name] = (rig.server, ensure_model(rig, name))
     calls = 20 if args.smoke else args.calls
+    sizes = ["8k"] if args.smoke else args.sizes.split(",")
     results: dict[str, dict[str, Any]] = {}
+    global SIZE
     with tempfile.TemporaryDirectory(prefix="ocpc-bench-") as work:
         for label, (binary, model) in targets.items():
-            results[label] = bench_model(label, binary, model, Path(work), calls)
+            for SIZE in sizes:
+                results[f"{label} head~{SIZE}"] = bench_model(f"{label}-{SIZE}", binary, model, Path(work), calls)
     render(results, Console())
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
