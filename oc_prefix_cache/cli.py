@@ -356,6 +356,10 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] 
                           f"processed ({report['verdict']})")
         else:
             out.print(f"daemon  [red]down[/red]: {daemon['error']}")
+        plugin = data["plugin"]
+        if plugin["forwards"]:
+            out.print(f"plugin  {plugin['forwards']} requests forwarded, {plugin['fail_opens']} without the daemon"
+                      + (f" (last: {plugin['last_error']})" if plugin["last_error"] else ""))
         cap = f" of {disk['cap_bytes'] / 1e9:.1f} GB cap" if disk["cap_bytes"] else ""
         out.print(f"disk    {disk['slot_dir']}  {len(disk['files'])} file(s), {disk['total_bytes'] / 1e6:,.1f} MB{cap}")
         for f in disk["files"][:8]:

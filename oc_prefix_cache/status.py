@@ -1,4 +1,4 @@
-"""``ocpc status``: the server, the daemon, the disk, and a one-line verdict.
+"""``ocpc status``: the server, the daemon, the plugin, the disk, and a one-line verdict.
 
 Every part is gathered on its own and time-bounded, so a dead server or daemon is
 reported, not fatal: the disk state is always shown. The verdict is a pure function of
@@ -7,6 +7,7 @@ the gathered facts. JSON shape: docs/operations.md.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,38 @@ def gather(settings: Settings) -> dict[str, Any]:
     return {
         "server": server_part(settings),
         "daemon": daemon_part(settings),
+        "plugin": plugin_part(settings),
         "disk": disk_part(settings),
     }
+
+
+def plugin_part(settings: Settings, *, tail_bytes: int = 1 << 20) -> dict[str, Any]:
+    """Counts from the plugin's own log: its fail-opens never reach the daemon."""
+    path = settings.log_dir / "plugin.jsonl"
+    counts = {"forwards": 0, "prepares": 0, "fail_opens": 0, "reports": 0}
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - tail_bytes))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return {"log": str(path), **counts, "last_error": None}
+    last_error = None
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        kind = event.get("ev") if isinstance(event, dict) else None
+        if kind == "forward":
+            counts["forwards"] += 1
+        elif kind == "prepare":
+            counts["prepares"] += 1
+        elif kind == "report":
+            counts["reports"] += 1
+        elif kind == "error" and event.get("stage") == "prepare":
+            counts["fail_opens"] += 1
+            last_error = event.get("error")
+    return {"log": str(path), **counts, "last_error": last_error}
 
 
 def server_part(settings: Settings) -> dict[str, Any]:

@@ -54,6 +54,7 @@ function envDefaults() {
     // gives up here, and the request goes on (and prefills the head itself).
     prepareTimeoutMs: 240000,
     reportTimeoutMs: 2000,
+    hungBackoffMs: 30000,
     logFile: env.OCPC_PLUGIN_LOG || null,
   };
 }
@@ -109,6 +110,7 @@ function cleanSettings(defaults, given) {
     headersTimeoutMs: millis("headersTimeoutMs"),
     prepareTimeoutMs: millis("prepareTimeoutMs"),
     reportTimeoutMs: millis("reportTimeoutMs"),
+    hungBackoffMs: millis("hungBackoffMs"),
     logFile,
   };
 }
@@ -176,11 +178,19 @@ function normaliseBaseURL(value) {
 // The fetch wrapper
 
 function makeWrapper(previousFetch, settings, log) {
+  // A daemon that took a connection but sent no headers is hung: waiting headersTimeoutMs
+  // on every request would tax a whole session, so it is left alone for hungBackoffMs.
+  const breaker = { pausedUntil: 0 };
   const wrapper = async (url, init) => {
     const call = describeChatCall(url, init);
     if (!call) return previousFetch(url, init);
 
-    const prepared = await prepareQuietly(call, init, settings, log);
+    let prepared = null;
+    if (Date.now() < breaker.pausedUntil) {
+      log({ ev: "error", stage: "prepare", skipped: true, error: "daemon was hung; not asked until it has had time to recover" });
+    } else {
+      prepared = await prepareQuietly(call, init, settings, log, breaker);
+    }
 
     // The very same url and init objects: the body bytes OpenCode built go out untouched.
     const started = Date.now();
@@ -242,7 +252,7 @@ function headerEntries(source) {
 // ---------------------------------------------------------------------------------------
 // Prepare: ask the daemon, bounded, and turn every failure into "no answer" (null).
 
-async function prepareQuietly(call, init, settings, log) {
+async function prepareQuietly(call, init, settings, log, breaker) {
   const started = Date.now();
   try {
     const { status, answer } = await askDaemon(call, init?.signal, settings);
@@ -259,16 +269,18 @@ async function prepareQuietly(call, init, settings, log) {
     });
     return answer;
   } catch (err) {
+    if (err?.hung) breaker.pausedUntil = Date.now() + settings.hungBackoffMs;
     log({ ev: "error", stage: "prepare", ms: Date.now() - started, status: err?.status ?? null, error: describeError(err) });
     return null;
   }
 }
 
 class DaemonError extends Error {
-  constructor(message, status = null) {
+  constructor(message, status = null, hung = false) {
     super(message);
     this.name = "DaemonError";
     this.status = status;
+    this.hung = hung;
   }
 }
 
@@ -283,7 +295,11 @@ async function askDaemon(call, outerSignal, settings) {
     if (why === null) why = reason;
     controller.abort();
   };
-  const headersTimer = setTimeout(() => stop(`no response headers within ${settings.headersTimeoutMs} ms`), settings.headersTimeoutMs);
+  let hung = false;
+  const headersTimer = setTimeout(() => {
+    hung = true;
+    stop(`no response headers within ${settings.headersTimeoutMs} ms`);
+  }, settings.headersTimeoutMs);
   const totalTimer = setTimeout(() => stop(`no answer within ${settings.prepareTimeoutMs} ms`), settings.prepareTimeoutMs);
   // If OpenCode gives up on the request (user abort, its own timeout), stop waiting too.
   const onOuterAbort = () => stop("request aborted by OpenCode");
@@ -312,7 +328,7 @@ async function askDaemon(call, outerSignal, settings) {
     const text = await Promise.race([response.text(), aborted]);
     return { status: response.status, answer: parseAnswer(text) };
   } catch (err) {
-    if (why !== null) throw new DaemonError(why);
+    if (why !== null) throw new DaemonError(why, null, hung);
     throw err;
   } finally {
     clearTimeout(headersTimer);

@@ -160,6 +160,11 @@ def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home:
     assert forwards and forwards[0]["status"] == 200, events[last_error:]
     seen.append({"session": 4, "action": "daemon down", "plugin": events[last_error]["error"][:60],
                  "forward_status": forwards[0]["status"]})
+    status = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "status", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    data = json.loads(status.stdout)
+    assert data["plugin"]["fail_opens"] >= 1 and data["plugin"]["forwards"] >= 4, data["plugin"]
+    assert "daemon is not running" in data["verdict"]
     print("\n" + "\n".join(json.dumps(s) for s in seen))
 
 

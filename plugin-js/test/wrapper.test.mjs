@@ -508,3 +508,21 @@ test("errors of the forward itself are OpenCode's and propagate", async () => {
   await assert.rejects(fetch(`${refused}/v1/chat/completions`, chatInit()), TypeError);
   assert.equal(daemon.state.prepares.length, 1);
 });
+
+test("a hung daemon is not asked again until hungBackoffMs has passed", async () => {
+  const { fetch, logFile } = await setup({ headersTimeoutMs: 200, hungBackoffMs: 600 });
+  daemon.state.behaviour = daemonBehaviours.hangBeforeHeaders();
+  let started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.ok(Date.now() - started >= 180, "the first request waited for the headers bound");
+  started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.ok(Date.now() - started < 150, `the second went straight on (${Date.now() - started} ms)`);
+  assert.equal(llama.state.requests.length, 2);
+  for (const request of llama.state.requests) assert.ok(request.raw.equals(MAIN_BYTES), "forwarded byte-identical");
+  await waitForLog(logFile, (l) => l.ev === "error" && l.skipped === true);
+  await sleep(650);
+  daemon.state.behaviour = daemonBehaviours.good();
+  await (await fetch(chatUrl(), chatInit())).text();
+  await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
+});

@@ -1,0 +1,317 @@
+"""ocpc against its peer hearth-llm, side by side in one run, on the real rig.
+
+hearth-llm (PyPI) is a caching proxy for llama-server: it keys a chat request by a hash
+chain over its messages (role + content only, seeded by the model id), restores the
+longest saved prefix with ``/slots/0?action=restore`` before forwarding the request,
+and after every response saves the whole slot under the hash of messages + reply.
+It runs here in attach mode, ``hearth serve --upstream URL --cache-dir DIR --port P``,
+in its own venv (installed on first use, cached by version).
+
+Three arms, each its own llama-server from the same binary and model with the same flags
+(``-c 16384 -np 1 --slot-save-path <its own temp dir>``): ``none`` (plain llama-server),
+``ocpc`` (the plugin's path: POST /v1/prepare to the daemon, then the request straight
+to the server, then the untimed /v1/report) and ``hearth`` (the request through its
+proxy). Every step runs for all three arms in turn, so they share the machine's state:
+
+1. warm-up: a first request of project B's OpenCode session (first ever: ocpc warms
+   and saves the head; hearth saves its snapshot); then every server restarts;
+2. a new session (project A) after the restart: its first request is table 1's main
+   row, and its N turns (each appends the arm's own reply as the assistant message and
+   a new user message, as OpenCode does) give table 2;
+3. every server restarts again, then the same session's turn N+1 (hearth's design case:
+   resuming a conversation).
+
+Requests are OpenCode's captured bodies, non-streaming, ``max_tokens: 1`` and
+``temperature: 0``: wall time is the time to the first (only) token. prompt_n/cache_n
+come from the server's ``timings``. Turns run back to back like an agent loop, so
+hearth's save after a reply is paid by the next turn (the last save is not timed).
+
+    .venv/bin/python bench/peer_bench.py                 # full run: qwen35 and qwen3, 10 turns
+    .venv/bin/python bench/peer_bench.py --smoke         # CI: one model, 3 turns
+    .venv/bin/python bench/peer_bench.py --json out.json --turns 10 --models qwen35
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import platformdirs
+from rich.console import Console
+from rich.table import Table
+
+from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.demo import UA, opencode_body, prepare_over_http
+from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.process import Supervised
+from oc_prefix_cache.rig import ensure_rig
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.tinymodels import ensure_model
+
+HEARTH_VERSION = "0.1.1"
+PEER_DIR = Path(platformdirs.user_cache_dir("oc-prefix-cache")) / "peer" / f"hearth-llm-{HEARTH_VERSION}"
+ARMS = ("none", "ocpc", "hearth")
+CASES = ("warm-up: first request ever", "new session after restart", "resume after restart")
+
+
+def ensure_hearth() -> Path:
+    """hearth's CLI from its own venv, installed once per version; fails loudly."""
+    venv, exe = PEER_DIR / "venv", PEER_DIR / "venv" / "bin" / "hearth"
+    if not exe.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+                            f"hearth-llm=={HEARTH_VERSION}"], check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise SystemExit(f"cannot install hearth-llm=={HEARTH_VERSION} into {venv}: {exc}\n{exc.stderr}")
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout.strip()
+    if version != f"hearth {HEARTH_VERSION}":
+        raise SystemExit(f"{exe} --version said {version!r}, expected hearth {HEARTH_VERSION}; remove {venv}")
+    return exe
+
+
+def user_turn(k: int) -> str:
+    """A new user message of ~350 tokens (a failing test pasted in), different every turn."""
+    lines = "\n".join(f"    assert parse_line('{i} {k}') == ({i}, {k * i})  # case {k}.{i}" for i in range(20))
+    return f"Turn {k}: this test still fails, fix parse_line in src/parser.py.\n```python\ndef test_{k}():\n{lines}\n```"
+
+
+class Arm:
+    """One llama-server (own port and slot dir) and how a request reaches it."""
+
+    def __init__(self, name: str, binary: Path, model: Path, work: Path, slot_dir: Path) -> None:
+        self.name, self.work = name, work
+        config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=slot_dir, ctx_size=16384)
+        self.server = LlamaServer(config=config, log_path=work / f"{name}-server.log")
+        self.http = httpx.Client(timeout=1800)
+
+    def start(self) -> None:
+        self.server.start(timeout=300)
+
+    def restart(self) -> None:
+        self.server.restart()
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+    def chat(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = {**body, "max_tokens": 1, "stream": False, "temperature": 0}
+        data.pop("stream_options", None)
+        started = time.perf_counter()
+        response = self.http.post(f"{url}/v1/chat/completions", json=data)
+        request_ms = (time.perf_counter() - started) * 1000
+        response.raise_for_status()
+        payload = response.json()
+        return {"prompt_n": int(payload["timings"]["prompt_n"]), "cache_n": int(payload["timings"]["cache_n"]),
+                "request_ms": request_ms, "prepare_ms": 0.0, "action": "-",
+                "reply": payload["choices"][0]["message"].get("content") or "", "headers": response.headers}
+
+    def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
+        return self.chat(self.server.url, body)
+
+
+class OcpcArm(Arm):
+    def __init__(self, binary: Path, model: Path, work: Path) -> None:
+        home = work / "ocpc-home"
+        super().__init__("ocpc", binary, model, work, home / "slots")
+        self.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(home),
+                                           "OC_PREFIX_CACHE_BASE_URL": self.server.url})
+        self.binary = binary
+        self.daemon: Daemon | None = None
+
+    def start(self) -> None:
+        super().start()
+        self.daemon = Daemon(settings=self.settings, server_url=self.server.url, port=0, server_binary=self.binary)
+        self.daemon.start()
+
+    def stop(self) -> None:
+        try:
+            if self.daemon is not None:
+                self.daemon.stop()
+        finally:
+            super().stop()
+
+    def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
+        assert self.daemon is not None
+        raw = json.dumps(body).encode()  # the bytes OpenCode would send (max_tokens etc. do not move the head)
+        started = time.perf_counter()
+        answer = prepare_over_http(self.http, self.daemon.url, raw, session)
+        prepare_ms = (time.perf_counter() - started) * 1000
+        row = self.chat(self.server.url, body) | {"prepare_ms": prepare_ms, "action": answer["action"]}
+        if answer.get("fingerprint"):  # the plugin's report, off the timed path
+            self.http.post(f"{self.daemon.url}/v1/report", json={
+                "fingerprint": answer["fingerprint"], "cache_n": row["cache_n"], "prompt_n": row["prompt_n"]})
+        return row
+
+
+class HearthArm(Arm):
+    def __init__(self, exe: Path, binary: Path, model: Path, work: Path) -> None:
+        super().__init__("hearth", binary, model, work, work / "hearth-cache")
+        port = free_port()
+        self.proxy_url = f"http://127.0.0.1:{port}"
+        self.proxy = Supervised(name="hearth", health_url=f"{self.proxy_url}/health", log_path=work / "hearth.log",
+                                argv=[str(exe), "serve", "--upstream", self.server.url, "--port", str(port),
+                                      "--cache-dir", str(self.server.config.slot_dir)])
+
+    def start(self) -> None:
+        super().start()
+        try:
+            self.proxy.start(timeout=60)
+        except Exception as exc:
+            raise SystemExit(f"hearth-llm {HEARTH_VERSION} did not start: {exc}") from exc
+
+    def stop(self) -> None:
+        try:
+            self.proxy.stop()
+        finally:
+            super().stop()
+
+    def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
+        row = self.chat(self.proxy_url, body)
+        row["action"] = f"{row['headers'].get('x-hearth-cache', '?')} ({row['headers'].get('x-hearth-restored-msgs', '0')} msgs)"
+        return row
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.http.get(f"{self.proxy_url}/hearth/stats").json()
+        return stats
+
+
+def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    arms: dict[str, Arm] = {}
+    cases: dict[str, dict[str, Any]] = {case: {} for case in CASES}
+    per_turn: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
+    try:
+        arms["none"] = Arm("none", binary, model, work, work / "none-slots")
+        arms["ocpc"] = OcpcArm(binary, model, work)
+        arms["hearth"] = HearthArm(hearth, binary, model, work)
+        for arm in arms.values():
+            arm.start()
+        for name, arm in arms.items():
+            cases[CASES[0]][name] = arm.send(json.loads(opencode_body("B")), "ses_warmup")
+        for arm in arms.values():
+            arm.restart()
+        talks = {name: json.loads(opencode_body("A")) for name in ARMS}
+        for k in range(1, turns + 1):
+            for name, arm in arms.items():
+                row = arm.send(talks[name], "ses_bench")
+                per_turn[name].append(row)
+                talks[name]["messages"] += [{"role": "assistant", "content": row["reply"]},
+                                            {"role": "user", "content": user_turn(k + 1)}]
+        for name in ARMS:
+            cases[CASES[1]][name] = per_turn[name][0]
+        for arm in arms.values():
+            arm.restart()
+        for name, arm in arms.items():
+            cases[CASES[2]][name] = arm.send(talks[name], "ses_bench")
+        hearth_stats = arms["hearth"].stats()  # type: ignore[attr-defined]
+    finally:
+        for arm in reversed(list(arms.values())):
+            try:
+                arm.stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"warning: stopping {arm.name}: {exc}", file=sys.stderr)
+    digests = {hashlib.sha256(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12] for t in talks.values()}
+    ocpc_files = list((work / "ocpc-home" / "slots").glob("oc-prefix-*.bin"))
+    clean = {"cases": {c: {a: _clean(r) for a, r in rows.items()} for c, rows in cases.items()},
+             "turns": {a: [_clean(r) for r in rows] for a, rows in per_turn.items()},
+             "bodies_identical": len(digests) == 1,
+             "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
+                      "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]},
+             "hearth_stats": hearth_stats}
+    clean["summary"] = summarize(clean["turns"])
+    return clean
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k not in ("headers", "reply")}
+    out["total_ms"] = row["prepare_ms"] + row["request_ms"]
+    return out
+
+
+def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per arm over turns 2..N (turn 1 is the new-session case of table 1)."""
+    out = {}
+    for arm, rows in turns.items():
+        later = [r["total_ms"] for r in rows[1:]] or [rows[0]["total_ms"]]
+        out[arm] = {"turn1_ms": rows[0]["total_ms"], "mean_ms": statistics.mean(later),
+                    "p50_ms": statistics.median(later), "max_ms": max(later),
+                    "prepare_mean_ms": statistics.mean(r["prepare_ms"] for r in rows[1:] or rows),
+                    "prompt_n_mean": statistics.mean(r["prompt_n"] for r in rows[1:] or rows),
+                    "cache_n_mean": statistics.mean(r["cache_n"] for r in rows[1:] or rows),
+                    "session_ms": sum(r["total_ms"] for r in rows)}
+    for arm in out:
+        out[arm]["overhead_ms"] = out[arm]["mean_ms"] - out["none"]["mean_ms"]
+    return out
+
+
+def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> None:
+    for label, res in results.items():
+        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1)")
+        for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms", "vs none"):
+            table.add_column(col, justify="left" if col in ("case", "arm", "action") else "right")
+        for case in CASES:
+            base = res["cases"][case]["none"]["total_ms"]
+            for arm in ARMS:
+                r = res["cases"][case][arm]
+                ratio = base / r["total_ms"]
+                table.add_row(case if arm == "none" else "", arm, r["action"], str(r["prompt_n"]), str(r["cache_n"]),
+                              f"{r['prepare_ms']:.1f}", f"{r['request_ms']:.1f}", f"{r['total_ms']:.1f}",
+                              f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
+            table.add_section()
+        console.print(table)
+        table = Table(title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns})")
+        for col in ("arm", "turn 1 ms", "mean ms", "p50 ms", "max ms", "of which prepare", "overhead vs none",
+                    "prompt_n", "cache_n", "session ms"):
+            table.add_column(col, justify="left" if col == "arm" else "right")
+        for arm in ARMS:
+            s = res["summary"][arm]
+            table.add_row(arm, f"{s['turn1_ms']:.1f}", f"{s['mean_ms']:.1f}", f"{s['p50_ms']:.1f}",
+                          f"{s['max_ms']:.1f}", f"{s['prepare_mean_ms']:.1f}", f"{s['overhead_ms']:+.1f}",
+                          f"{s['prompt_n_mean']:.0f}", f"{s['cache_n_mean']:.0f}", f"{s['session_ms']:.0f}")
+        console.print(table)
+        disk = res["disk"]
+        console.print(f"disk after the run: ocpc {disk['ocpc_files']} file(s), {disk['ocpc_bytes'] / 2**20:.1f} MiB; "
+                      f"hearth {disk['hearth_files']} snapshot(s), {disk['hearth_bytes'] / 2**20:.1f} MiB. "
+                      f"Request bodies identical across arms: {res['bodies_identical']} "
+                      "(each arm appends its own reply; temperature 0).\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="short run for CI: one model, 3 turns")
+    parser.add_argument("--turns", type=int, default=10, help="turns in the session (>= 2)")
+    parser.add_argument("--models", default="qwen35,qwen3", help="tiny rig models, comma-separated")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    turns, models = (3, ["qwen35"]) if args.smoke else (max(2, args.turns), args.models.split(","))
+    rig = ensure_rig(Settings.from_env())  # the cached rig: its location does not depend on OC_PREFIX_CACHE_HOME
+    hearth = ensure_hearth()
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="ocpc-peer-bench-") as tmp:
+        os.environ["OC_PREFIX_CACHE_HOME"] = str(Path(tmp) / "home")  # nothing touches the real ocpc home
+        for label in models:
+            results[label] = bench_model(label, rig.server, ensure_model(rig, label), Path(tmp) / label, turns, hearth)
+    render(results, turns, Console())
+    if args.json:
+        args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "models": results},
+                                        indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
