@@ -206,13 +206,16 @@ class Preparer:
                 self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task, exact=exact)
             return PrepareResult(action, fp, n, reason=reason, tools_in_head=plan.tools_in_head)
 
-        if fp in self._suspect:
+        now = self._slot_now(slot)
+        view = self._notice_restart(slot, now)
+        with self._guard:
+            suspect = fp in self._suspect
             self._suspect.discard(fp)
+        if suspect:
             return done("warmed", self._warm(plan, slot, server, why="rebuilt: a real request missed it"),
                         exact=True)
-        view = self._views.get(slot)
         if view is not None and view.fingerprint == fp:
-            holds = self._slot_holds(slot, view, hybrid=server.hybrid)
+            holds = _slot_holds(now, view, hybrid=server.hybrid)
             if holds:
                 return done("hit", holds, exact=view.exact)
         path = self.settings.slot_dir / slot_filename(fp)
@@ -230,26 +233,22 @@ class Preparer:
                             exact=True)
         return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"), exact=True)
 
-    def _slot_holds(self, slot: int, view: SlotView, *, hybrid: bool) -> str | None:
-        """Why the slot still serves this head, or None. One cheap ``GET /slots``.
+    def _notice_restart(self, slot: int, now: _SlotNow) -> SlotView | None:
+        """Forget what a restarted server lost; returns the view that still stands, if any.
 
-        ``id_task`` is absent on a fresh server and grows within one process, so it
-        tells a restart; a slot now holding fewer tokens than the head was taken by a
-        shorter prompt (a title request that did not pass through us).
+        ``id_task`` is absent on a fresh server and only grows within one process, so a
+        missing or smaller one means a restart (or a slot never used): files must be
+        proven again and the slot holds nothing of ours.
         """
-        now = self._slot_now(slot)
-        id_task = now.id_task
-        if id_task is None or view.id_task is None or id_task < view.id_task:
-            with self._guard:
-                self._proven.clear()  # a fresh server process: prove files again
-            return None
-        if now.n_tokens is not None and now.n_tokens < view.prefix_tokens:
-            return None
-        if id_task == view.id_task and view.exact:
-            return "the slot holds exactly this head"
-        if not hybrid:
-            return "the slot holds this head plus a turn; the transformer reuses the common prefix"
-        return None  # a hybrid slot that ran a turn cannot roll back to the head: restore
+        with self._guard:
+            view = self._views.get(slot)
+            fresh = now.id_task is None or (view is not None and view.id_task is not None
+                                            and now.id_task < view.id_task)
+            if fresh:
+                self._proven.clear()
+                self._views.pop(slot, None)
+                return None
+            return view
 
     # -- the three actions -------------------------------------------------------------
     def _restore_gated(self, plan: HeadPlan, slot: int, path: Path) -> tuple[str, bool]:
@@ -436,6 +435,24 @@ class Preparer:
 class _SlotNow:
     id_task: int | None
     n_tokens: int | None
+
+
+def _slot_holds(now: _SlotNow, view: SlotView, *, hybrid: bool) -> str | None:
+    """Why the slot still serves this head, or None (then a restore is due).
+
+    A slot now holding fewer tokens than the head was taken by a shorter prompt (a title
+    request that did not pass through us). A hybrid slot that ran a turn since cannot
+    roll back to the head's end (no checkpoint there), a transformer's can.
+    """
+    if view.id_task is None or now.id_task is None:
+        return None
+    if now.n_tokens is not None and now.n_tokens < view.prefix_tokens:
+        return None
+    if now.id_task == view.id_task and view.exact:
+        return "the slot holds exactly this head"
+    if not hybrid:
+        return "the slot holds this head plus a turn; the transformer reuses the common prefix"
+    return None
 
 
 class _GateFailed(OcpcError):

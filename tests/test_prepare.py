@@ -291,3 +291,16 @@ def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
     assert not old_file.exists() and stranger.exists()
     assert (rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin").exists()
     assert list(rig.store.load().entries) == [warmed.fingerprint]
+
+
+def test_after_a_restart_every_file_is_gated_again(prep) -> None:
+    """Proofs belong to a server process: a restart voids them, whichever head comes first."""
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    assert rig.prepare(other, session="ses_x").action == "warmed"
+    server.restart()
+    again = rig.prepare(PROJ_B, session="ses_b")
+    assert again.action == "restored" and "gated" in again.reason, again
+    assert_served(chat(server.url, capture(PROJ_B)), again)
