@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.demo import timed_chat
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.prepare import Preparer
 from oc_prefix_cache.rig import ensure_rig
@@ -70,17 +71,11 @@ def scaled(raw: bytes, size: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def real_request(url: str, name: str) -> dict[str, float]:
+def real_request(http: httpx.Client, url: str, name: str) -> dict[str, float]:
     """Send the captured OpenCode request as OpenCode does; return its cost."""
-    data = json.loads(body(name))
-    data.update(max_tokens=1, stream=False)
-    data.pop("stream_options", None)
-    started = time.perf_counter()
-    response = httpx.post(f"{url}/v1/chat/completions", json=data, timeout=900)
-    response.raise_for_status()
-    timings = response.json()["timings"]
-    return {"prompt_n": timings["prompt_n"], "cache_n": timings["cache_n"],
-            "prompt_ms": timings["prompt_ms"], "request_ms": (time.perf_counter() - started) * 1000}
+    timing = timed_chat(http, url, body(name))
+    return {"prompt_n": timing.prompt_n, "cache_n": timing.cache_n, "prompt_ms": timing.prompt_ms,
+            "request_ms": timing.wall_ms}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -96,8 +91,9 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, calls: int) -
                                              ctx_size=32768), log_path=work / f"{label}-server.log")
     rows: dict[str, Any] = {}
     server.start()
+    http = httpx.Client()  # one client: no per-call connection set-up in the timings
     try:
-        rows[COLD] = real_request(server.url, PROJ_A) | {"action": "-"}
+        rows[COLD] = real_request(http, server.url, PROJ_A) | {"action": "-"}
         server.restart()
         client = SlotClient(server.url)
         preparer = Preparer(settings=settings, client=client,
@@ -113,7 +109,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, calls: int) -
                 server.restart()
             result = preparer.prepare(body(name), {**headers, "x-session-id": session})
             assert result.action in expected, result
-            row = real_request(server.url, name)
+            row = real_request(http, server.url, name)
             row.update(action=result.action, prepare_ms=result.elapsed_ms,
                        total_ms=result.elapsed_ms + row["request_ms"], head_tokens=result.prefix_tokens)
             rows[case] = row
@@ -126,6 +122,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, calls: int) -
         rows["hit_latency"] = hit_latency(settings, server.url, calls)
         client.close()
     finally:
+        http.close()
         server.stop()
     return rows
 

@@ -48,8 +48,16 @@ class Row:
         return self.prepare_ms + self.request_ms
 
 
-def timed_chat(http: httpx.Client, url: str, raw: bytes) -> tuple[int, int, float]:
-    """Send a chat body as OpenCode would, up to its first token: prompt_n, cache_n, ms.
+@dataclass(frozen=True)
+class ChatTiming:
+    prompt_n: int  # prompt tokens the server processed
+    cache_n: int  # prompt tokens it reused from the slot
+    prompt_ms: float  # the server's own prefill time
+    wall_ms: float  # what the caller waited, up to the first token
+
+
+def timed_chat(http: httpx.Client, url: str, raw: bytes) -> ChatTiming:
+    """Send a chat body as OpenCode would, up to its first token.
 
     One generated token makes the wall time the time to first token: what a user waits
     before the model "writes a word".
@@ -61,7 +69,8 @@ def timed_chat(http: httpx.Client, url: str, raw: bytes) -> tuple[int, int, floa
     response = http.post(f"{url}/v1/chat/completions", json=data, timeout=1800)
     response.raise_for_status()
     timings = response.json()["timings"]
-    return int(timings["prompt_n"]), int(timings["cache_n"]), (time.perf_counter() - started) * 1000
+    return ChatTiming(prompt_n=int(timings["prompt_n"]), cache_n=int(timings["cache_n"]),
+                      prompt_ms=float(timings["prompt_ms"]), wall_ms=(time.perf_counter() - started) * 1000)
 
 
 def prepare_over_http(http: httpx.Client, daemon_url: str, raw: bytes, session: str) -> dict[str, Any]:
@@ -93,8 +102,8 @@ def run_demo(*, binary: Path, model: Path, step: Step, ctx_size: int = 16384) ->
 
 def _scenario(http: httpx.Client, server: LlamaServer, daemon: Daemon, step: Step) -> list[Row]:
     step("1/4 cold: a new session's first request, no ocpc")
-    prompt_n, cache_n, request_ms = timed_chat(http, server.url, opencode_body("A"))
-    rows = [Row("cold, no ocpc", "-", prompt_n, cache_n, 0.0, request_ms)]
+    cold = timed_chat(http, server.url, opencode_body("A"))
+    rows = [Row("cold, no ocpc", "-", cold.prompt_n, cold.cache_n, 0.0, cold.wall_ms)]
     server.restart()
     for case, project, session, restart in (
         ("first run (paid once)", "A", "ses_1", False),
@@ -109,8 +118,8 @@ def _scenario(http: httpx.Client, server: LlamaServer, daemon: Daemon, step: Ste
         started = time.perf_counter()
         answer = prepare_over_http(http, daemon.url, raw, session)
         prepare_ms = (time.perf_counter() - started) * 1000
-        prompt_n, cache_n, request_ms = timed_chat(http, server.url, raw)
-        rows.append(Row(case, str(answer["action"]), prompt_n, cache_n, prepare_ms, request_ms))
+        timing = timed_chat(http, server.url, raw)
+        rows.append(Row(case, str(answer["action"]), timing.prompt_n, timing.cache_n, prepare_ms, timing.wall_ms))
     return rows
 
 
