@@ -25,9 +25,15 @@ Requests are OpenCode's captured bodies, non-streaming, ``max_tokens: 1`` and
 ``temperature: 0``: wall time is the time to the first (only) token. prompt_n/cache_n
 come from the server's ``timings``. Turns run back to back like an agent loop, so
 hearth's save after a reply is paid by the next turn (the last save is not timed).
+The whole scenario runs ``--repeat`` times on fresh temp state; tables show medians.
 
-    .venv/bin/python bench/peer_bench.py                 # full run: qwen35 and qwen3, 10 turns
-    .venv/bin/python bench/peer_bench.py --smoke         # CI: one model, 3 turns
+Uneven by design, not by set-up: hearth keys on whole messages, so a new session's first
+request (no assistant message yet) can never hit; its snapshots are whole turns, which a
+hybrid model cannot reuse once the next prompt diverges before their end (no context
+checkpoints in a restored slot on this build); and it ignores the tools in its key.
+
+    .venv/bin/python bench/peer_bench.py                 # full run: qwen35 and qwen3, 10 turns, 3 runs
+    .venv/bin/python bench/peer_bench.py --smoke         # CI: one model, 3 turns, 1 run
     .venv/bin/python bench/peer_bench.py --json out.json --turns 10 --models qwen35
 """
 
@@ -52,7 +58,8 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.demo import UA, opencode_body, prepare_over_http
+from oc_prefix_cache.demo import opencode_body, prepare_over_http
+from oc_prefix_cache.errors import OcpcError, ProcessError
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.rig import ensure_rig
@@ -77,7 +84,7 @@ def ensure_hearth() -> Path:
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(venv, ignore_errors=True)
             raise SystemExit(f"cannot install hearth-llm=={HEARTH_VERSION} into {venv}: {exc}\n{exc.stderr}")
-    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout.strip()
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=False).stdout.strip()
     if version != f"hearth {HEARTH_VERSION}":
         raise SystemExit(f"{exe} --version said {version!r}, expected hearth {HEARTH_VERSION}; remove {venv}")
     return exe
@@ -101,9 +108,6 @@ class Arm:
     def start(self) -> None:
         self.server.start(timeout=300)
 
-    def restart(self) -> None:
-        self.server.restart()
-
     def stop(self) -> None:
         self.http.close()
         self.server.stop()
@@ -117,7 +121,7 @@ class Arm:
         response.raise_for_status()
         payload = response.json()
         return {"prompt_n": int(payload["timings"]["prompt_n"]), "cache_n": int(payload["timings"]["cache_n"]),
-                "request_ms": request_ms, "prepare_ms": 0.0, "action": "-",
+                "request_ms": request_ms, "prepare_ms": 0.0, "total_ms": request_ms, "action": "-",
                 "reply": payload["choices"][0]["message"].get("content") or "", "headers": response.headers}
 
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
@@ -151,7 +155,8 @@ class OcpcArm(Arm):
         started = time.perf_counter()
         answer = prepare_over_http(self.http, self.daemon.url, raw, session)
         prepare_ms = (time.perf_counter() - started) * 1000
-        row = self.chat(self.server.url, body) | {"prepare_ms": prepare_ms, "action": answer["action"]}
+        row = self.chat(self.server.url, body)
+        row.update(prepare_ms=prepare_ms, total_ms=prepare_ms + row["request_ms"], action=answer["action"])
         if answer.get("fingerprint"):  # the plugin's report, off the timed path
             self.http.post(f"{self.daemon.url}/v1/report", json={
                 "fingerprint": answer["fingerprint"], "cache_n": row["cache_n"], "prompt_n": row["prompt_n"]})
@@ -171,7 +176,7 @@ class HearthArm(Arm):
         super().start()
         try:
             self.proxy.start(timeout=60)
-        except Exception as exc:
+        except ProcessError as exc:
             raise SystemExit(f"hearth-llm {HEARTH_VERSION} did not start: {exc}") from exc
 
     def stop(self) -> None:
@@ -182,12 +187,9 @@ class HearthArm(Arm):
 
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         row = self.chat(self.proxy_url, body)
-        row["action"] = f"{row['headers'].get('x-hearth-cache', '?')} ({row['headers'].get('x-hearth-restored-msgs', '0')} msgs)"
+        headers = row["headers"]
+        row["action"] = f"{headers.get('x-hearth-cache', '?')} ({headers.get('x-hearth-restored-msgs', '0')} msgs)"
         return row
-
-    def stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = self.http.get(f"{self.proxy_url}/hearth/stats").json()
-        return stats
 
 
 def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path) -> dict[str, Any]:
@@ -198,13 +200,13 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
     try:
         arms["none"] = Arm("none", binary, model, work, work / "none-slots")
         arms["ocpc"] = OcpcArm(binary, model, work)
-        arms["hearth"] = HearthArm(hearth, binary, model, work)
+        arms["hearth"] = peer = HearthArm(hearth, binary, model, work)
         for arm in arms.values():
             arm.start()
         for name, arm in arms.items():
             cases[CASES[0]][name] = arm.send(json.loads(opencode_body("B")), "ses_warmup")
         for arm in arms.values():
-            arm.restart()
+            arm.server.restart()
         talks = {name: json.loads(opencode_body("A")) for name in ARMS}
         for k in range(1, turns + 1):
             for name, arm in arms.items():
@@ -215,53 +217,67 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
         for name in ARMS:
             cases[CASES[1]][name] = per_turn[name][0]
         for arm in arms.values():
-            arm.restart()
+            arm.server.restart()
         for name, arm in arms.items():
             cases[CASES[2]][name] = arm.send(talks[name], "ses_bench")
-        hearth_stats = arms["hearth"].stats()  # type: ignore[attr-defined]
+        hearth_stats = peer.http.get(f"{peer.proxy_url}/hearth/stats").json()
     finally:
         for arm in reversed(list(arms.values())):
             try:
                 arm.stop()
-            except Exception as exc:  # keep stopping the others
+            except (OSError, OcpcError) as exc:  # keep stopping the others
                 print(f"warning: stopping {arm.name}: {exc}", file=sys.stderr)
     digests = {hashlib.sha256(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12] for t in talks.values()}
     ocpc_files = list((work / "ocpc-home" / "slots").glob("oc-prefix-*.bin"))
-    clean = {"cases": {c: {a: _clean(r) for a, r in rows.items()} for c, rows in cases.items()},
-             "turns": {a: [_clean(r) for r in rows] for a, rows in per_turn.items()},
-             "bodies_identical": len(digests) == 1,
-             "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
-                      "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]},
-             "hearth_stats": hearth_stats}
-    clean["summary"] = summarize(clean["turns"])
-    return clean
+    def clean(row: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in row.items() if k not in ("headers", "reply")}
+    return {"cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},
+            "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()},
+            "bodies_identical": len(digests) == 1, "hearth_stats": hearth_stats,
+            "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
+                     "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]}}
 
 
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in row.items() if k not in ("headers", "reply")}
-    out["total_ms"] = row["prepare_ms"] + row["request_ms"]
-    return out
+def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repetitions (fresh temp state each); counts and actions from all of them."""
+    def row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = dict(rows[0])
+        for key in ("prepare_ms", "request_ms", "total_ms"):
+            out[key] = statistics.median(r[key] for r in rows)
+        for key in ("action", "prompt_n", "cache_n"):
+            out[key] = "/".join(dict.fromkeys(str(r[key]) for r in rows))
+        out["runs_total_ms"] = [round(r["total_ms"], 1) for r in rows]
+        return out
+    first = reps[0]
+    merged = {"cases": {c: {a: row([r["cases"][c][a] for r in reps]) for a in ARMS} for c in CASES},
+              "turns": {a: [row([r["turns"][a][i] for r in reps]) for i in range(len(first["turns"][a]))]
+                        for a in ARMS},
+              "bodies_identical": all(r["bodies_identical"] for r in reps), "disk": first["disk"],
+              "hearth_stats": [r["hearth_stats"] for r in reps], "repeat": len(reps)}
+    merged["summary"] = summarize(merged["turns"])
+    return merged
 
 
 def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """Per arm over turns 2..N (turn 1 is the new-session case of table 1)."""
     out = {}
     for arm, rows in turns.items():
-        later = [r["total_ms"] for r in rows[1:]] or [rows[0]["total_ms"]]
-        out[arm] = {"turn1_ms": rows[0]["total_ms"], "mean_ms": statistics.mean(later),
-                    "p50_ms": statistics.median(later), "max_ms": max(later),
-                    "prepare_mean_ms": statistics.mean(r["prepare_ms"] for r in rows[1:] or rows),
-                    "prompt_n_mean": statistics.mean(r["prompt_n"] for r in rows[1:] or rows),
-                    "cache_n_mean": statistics.mean(r["cache_n"] for r in rows[1:] or rows),
+        later = rows[1:] or rows
+        ms = [r["total_ms"] for r in later]
+        out[arm] = {"turn1_ms": rows[0]["total_ms"], "mean_ms": statistics.mean(ms), "p50_ms": statistics.median(ms),
+                    "max_ms": max(ms), "prepare_mean_ms": statistics.mean(r["prepare_ms"] for r in later),
+                    "prompt_n_mean": statistics.mean(int(r["prompt_n"].split("/")[0]) for r in later),
+                    "cache_n_mean": statistics.mean(int(r["cache_n"].split("/")[0]) for r in later),
                     "session_ms": sum(r["total_ms"] for r in rows)}
-    for arm in out:
-        out[arm]["overhead_ms"] = out[arm]["mean_ms"] - out["none"]["mean_ms"]
+    for summary in out.values():
+        summary["overhead_ms"] = summary["mean_ms"] - out["none"]["mean_ms"]
     return out
 
 
 def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> None:
     for label, res in results.items():
-        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1)")
+        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1; "
+                            f"median of {res['repeat']} runs)")
         for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms", "vs none"):
             table.add_column(col, justify="left" if col in ("case", "arm", "action") else "right")
         for case in CASES:
@@ -269,12 +285,13 @@ def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> 
             for arm in ARMS:
                 r = res["cases"][case][arm]
                 ratio = base / r["total_ms"]
-                table.add_row(case if arm == "none" else "", arm, r["action"], str(r["prompt_n"]), str(r["cache_n"]),
+                table.add_row(case if arm == "none" else "", arm, r["action"], r["prompt_n"], r["cache_n"],
                               f"{r['prepare_ms']:.1f}", f"{r['request_ms']:.1f}", f"{r['total_ms']:.1f}",
                               f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
             table.add_section()
         console.print(table)
-        table = Table(title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns})")
+        table = Table(title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns}, "
+                            f"each turn the median of {res['repeat']} runs)")
         for col in ("arm", "turn 1 ms", "mean ms", "p50 ms", "max ms", "of which prepare", "overhead vs none",
                     "prompt_n", "cache_n", "session ms"):
             table.add_column(col, justify="left" if col == "arm" else "right")
@@ -284,8 +301,10 @@ def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> 
                           f"{s['max_ms']:.1f}", f"{s['prepare_mean_ms']:.1f}", f"{s['overhead_ms']:+.1f}",
                           f"{s['prompt_n_mean']:.0f}", f"{s['cache_n_mean']:.0f}", f"{s['session_ms']:.0f}")
         console.print(table)
-        disk = res["disk"]
-        console.print(f"disk after the run: ocpc {disk['ocpc_files']} file(s), {disk['ocpc_bytes'] / 2**20:.1f} MiB; "
+        disk, hs = res["disk"], res["hearth_stats"][0]
+        console.print(f"hearth's last slot restore {hs.get('last_restore_ms', '-')} ms, last save "
+                      f"{hs.get('last_save_ms', '-')} ms (its own timers, first run). "
+                      f"Disk after a run: ocpc {disk['ocpc_files']} file(s), {disk['ocpc_bytes'] / 2**20:.1f} MiB; "
                       f"hearth {disk['hearth_files']} snapshot(s), {disk['hearth_bytes'] / 2**20:.1f} MiB. "
                       f"Request bodies identical across arms: {res['bodies_identical']} "
                       "(each arm appends its own reply; temperature 0).\n")
@@ -296,20 +315,28 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="short run for CI: one model, 3 turns")
     parser.add_argument("--turns", type=int, default=10, help="turns in the session (>= 2)")
     parser.add_argument("--models", default="qwen35,qwen3", help="tiny rig models, comma-separated")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of the whole scenario; medians (smoke: 1)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    turns, models = (3, ["qwen35"]) if args.smoke else (max(2, args.turns), args.models.split(","))
+    turns, models, repeat = (3, ["qwen35"], 1) if args.smoke else (max(2, args.turns), args.models.split(","),
+                                                                     max(1, args.repeat))
+    print(f"load average (1/5/15 min) at the start: {os.getloadavg()}", file=sys.stderr)
     rig = ensure_rig(Settings.from_env())  # the cached rig: its location does not depend on OC_PREFIX_CACHE_HOME
     hearth = ensure_hearth()
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="ocpc-peer-bench-") as tmp:
         os.environ["OC_PREFIX_CACHE_HOME"] = str(Path(tmp) / "home")  # nothing touches the real ocpc home
         for label in models:
-            results[label] = bench_model(label, rig.server, ensure_model(rig, label), Path(tmp) / label, turns, hearth)
-    render(results, turns, Console())
+            model = ensure_model(rig, label)
+            results[label] = merge([bench_model(label, rig.server, model, Path(tmp) / label / f"run{i}", turns, hearth)
+                                    for i in range(repeat)])
+    console = Console(width=max(150, shutil.get_terminal_size().columns))
+    render(results, turns, console)
+    console.print(f"load average (1/5/15 min) at the end: {os.getloadavg()}; "
+                  f"other work on this machine makes single timings noisy")
     if args.json:
-        args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "models": results},
-                                        indent=2, default=str))
+        args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "repeat": repeat,
+                                         "models": results}, indent=2, default=str))
     return 0
 
 

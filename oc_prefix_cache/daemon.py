@@ -39,7 +39,7 @@ class Daemon:
     """Owns the Preparer and the HTTP server; ``serve_forever`` or ``start`` in a thread."""
 
     def __init__(self, *, settings: Settings, server_url: str | None = None, host: str | None = None,
-                 port: int | None = None, server_binary: Path | None = None) -> None:
+                 port: int | None = None, server_binary: Path | None = None, watch_interval: float = 1.0) -> None:
         host = host or settings.daemon_host
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--host {host!r}: the daemon listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
@@ -55,6 +55,9 @@ class Daemon:
             raise ConfigError(f"cannot listen on {host}:{port or settings.daemon_port}: {exc}") from exc
         self.httpd.daemon = self
         self._thread: threading.Thread | None = None
+        self._watch_interval = watch_interval
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ocpc-watch", daemon=True)
 
     @property
     def url(self) -> str:
@@ -62,7 +65,14 @@ class Daemon:
         return f"http://{host!s}:{port}"
 
     def serve_forever(self) -> None:
+        if not self._watcher.is_alive():
+            self._watcher.start()
         self.httpd.serve_forever(poll_interval=0.2)
+
+    def _watch(self) -> None:
+        """Notice server restarts between requests (see ``Preparer.watch``)."""
+        while not self._stopping.wait(self._watch_interval):
+            self.preparer.watch()
 
     def start(self) -> None:
         """Serve in a background thread (tests, launcher)."""
@@ -70,6 +80,7 @@ class Daemon:
         self._thread.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.client.close()

@@ -51,6 +51,8 @@ from .store import Entry, Index, Store, slot_key
 log = logging.getLogger("ocpc.prepare")
 
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
+# A first miss re-proves the file behind the gates (cheap); a second in a row rebuilds it.
+REBUILD_AFTER_MISSES = 2
 
 
 @dataclass
@@ -114,7 +116,8 @@ class Preparer:
         self._plans: dict[str, HeadPlan] = {}  # head key -> plan, for this server identity
         self._plans_for: ServerIdentity | None = None
         self._proven: set[tuple[str, int, int]] = set()  # (fp, size, mtime_ns) gated on this server
-        self._suspect: set[str] = set()
+        self._misses: Counter[str] = Counter()  # fp -> real requests in a row that missed its head
+        self._last_task: dict[int, int | None] = {}  # slot -> highest id_task seen (restart detection)
         self._last: dict[str, PrepareResult] = {}  # fp -> last answer, for reports
         self._guard = threading.Lock()
         self._slot_locks: dict[int, threading.Lock] = {}
@@ -145,15 +148,19 @@ class Preparer:
                 if served_from_head(cache_n=cache_n, prefix_tokens=last.prefix_tokens):
                     verdict = "served"
                     self.stats.counters["report_served"] += 1
+                    self._misses.pop(fingerprint, None)
                 else:
                     verdict = "missed"
                     self.stats.counters["report_missed"] += 1
-                    self._suspect.add(fingerprint)
+                    self._misses[fingerprint] += 1
+                    self._proven = {key for key in self._proven if key[0] != fingerprint}
                     for slot in [s for s, v in self._views.items() if v.fingerprint == fingerprint]:
                         del self._views[slot]
                     log.warning(
-                        "real request after %s reused %d of %d head tokens: fingerprint %s is "
-                        "suspect and will be rebuilt", last.action, cache_n, last.prefix_tokens, fingerprint,
+                        "real request after %s reused %d of %d head tokens: fingerprint %s is suspect; the next "
+                        "session %s", last.action, cache_n, last.prefix_tokens, fingerprint,
+                        "rebuilds it" if self._misses[fingerprint] >= REBUILD_AFTER_MISSES
+                        else "proves its file again behind the gates",
                     )
             self.stats.last_report = {
                 "fingerprint": fingerprint, "cache_n": cache_n, "prompt_n": prompt_n,
@@ -169,7 +176,7 @@ class Preparer:
                 "events": list(self.stats.events),
                 "last_report": self.stats.last_report,
                 "slots": {str(s): asdict(v) | {"digests": len(v.digests)} for s, v in self._views.items()},
-                "suspect": sorted(self._suspect),
+                "suspect": sorted(self._misses),
             }
 
     # -- the decision ------------------------------------------------------------------
@@ -201,19 +208,23 @@ class Preparer:
 
         def done(action: str, reason: str, *, exact: bool) -> PrepareResult:
             """Answer, and remember what the slot now holds (``exact``: the head alone)."""
-            id_task = self._slot_now(slot).id_task
+            after = self._slot_now(slot)
+            self._notice_restart(slot, after)
+            id_task = after.id_task
             with self._guard:
                 self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task, exact=exact)
             return PrepareResult(action, fp, n, reason=reason, tools_in_head=plan.tools_in_head)
 
         now = self._slot_now(slot)
-        view = self._notice_restart(slot, now)
+        self._notice_restart(slot, now)
         with self._guard:
-            suspect = fp in self._suspect
-            self._suspect.discard(fp)
-        if suspect:
-            return done("warmed", self._warm(plan, slot, server, why="rebuilt: a real request missed it"),
-                        exact=True)
+            view = self._views.get(slot)
+            misses = self._misses.get(fp, 0)
+            if misses >= REBUILD_AFTER_MISSES:
+                del self._misses[fp]
+        if misses >= REBUILD_AFTER_MISSES:
+            why = f"rebuilt: {misses} real requests in a row missed the head"
+            return done("warmed", self._warm(plan, slot, server, why=why), exact=True)
         if view is not None and view.fingerprint == fp:
             holds = _slot_holds(now, view, hybrid=server.hybrid)
             if holds:
@@ -233,22 +244,38 @@ class Preparer:
                             exact=True)
         return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"), exact=True)
 
-    def _notice_restart(self, slot: int, now: _SlotNow) -> SlotView | None:
-        """Forget what a restarted server lost; returns the view that still stands, if any.
+    def watch(self) -> None:
+        """Check the server for a restart; the daemon calls this every second or so.
 
-        ``id_task`` is absent on a fresh server and only grows within one process, so a
-        missing or smaller one means a restart (or a slot never used): files must be
-        proven again and the slot holds nothing of ours.
+        The same-conversation hit path makes no server call, so without this a
+        conversation going on after a server restart would be told ``hit`` while the
+        slot is empty. Once a restart is seen, that conversation's next turn restores
+        the head instead (the slot holds no live state to lose).
+        """
+        try:
+            now = self._slot_now(self.settings.slot)
+        except OcpcError:
+            return  # down or restarting: the next look tells
+        self._notice_restart(self.settings.slot, now)
+
+    def _notice_restart(self, slot: int, now: _SlotNow) -> None:
+        """Forget what a restarted server lost: our views of the slot, and every proof.
+
+        ``id_task`` only grows within one server process and is absent on a fresh one,
+        so one that vanished or went down means a restart.
         """
         with self._guard:
-            view = self._views.get(slot)
-            fresh = now.id_task is None or (view is not None and view.id_task is not None
-                                            and now.id_task < view.id_task)
-            if fresh:
+            seen = self._last_task.get(slot)
+            restarted = seen is not None and (now.id_task is None or now.id_task < seen)
+            if restarted or now.id_task is None or seen is None:
+                self._last_task[slot] = now.id_task
+            else:
+                self._last_task[slot] = max(seen, now.id_task)
+            if restarted:
+                log.info("llama-server restarted (slot %d task id %s -> %s): slot views and proofs dropped",
+                         slot, seen, now.id_task)
                 self._proven.clear()
                 self._views.pop(slot, None)
-                return None
-            return view
 
     # -- the three actions -------------------------------------------------------------
     def _restore_gated(self, plan: HeadPlan, slot: int, path: Path) -> tuple[str, bool]:

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -18,7 +19,7 @@ from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
 from oc_prefix_cache.store import Store
 
-from .helpers import PROJ_A, PROJ_B, UA, capture, capture_bytes, chat
+from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, UA, capture, capture_bytes, chat
 
 
 def settings_for(url: str) -> Settings:
@@ -131,3 +132,19 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
 def test_daemon_refuses_non_loopback_hosts() -> None:
     with pytest.raises(ConfigError, match="loopback"):
         Daemon(settings=settings_for("http://127.0.0.1:9"), host="0.0.0.0", port=0)
+
+
+@pytest.mark.rig
+def test_the_daemon_notices_a_server_restart_by_itself(llama_server) -> None:
+    server = llama_server("qwen35")
+    runner = Daemon(settings=settings_for(server.url), port=0, watch_interval=0.1)
+    runner.start()
+    try:
+        assert post_prepare(runner.url, PROJ_A, "ses_a")["action"] == "warmed"
+        chat(server.url, capture(PROJ_A))
+        server.restart()
+        time.sleep(0.5)
+        turn2 = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
+        assert turn2["action"] == "restored", turn2
+    finally:
+        runner.stop()

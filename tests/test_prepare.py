@@ -239,16 +239,43 @@ def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep, llama
     assert_served(chat(server.url, capture(PROJ_B)), result)
 
 
-def test_a_reported_miss_makes_the_next_prepare_rebuild(prep) -> None:
+def test_a_reported_miss_reproves_the_file_and_a_second_miss_rebuilds_it(prep) -> None:
     server, rig = prep("qwen35")
     warmed = rig.prepare(PROJ_A)
+    chat(server.url, capture(PROJ_A))
     verdict = rig.preparer.report(fingerprint=warmed.fingerprint, cache_n=0, prompt_n=7499)
     assert verdict["verdict"] == "missed"
     again = rig.prepare(PROJ_B, session="ses_b")
-    assert again.action == "warmed" and "missed" in again.reason
-    assert rig.preparer.stats.counters["report_missed"] == 1
-    ok = rig.preparer.report(fingerprint=again.fingerprint, cache_n=again.prefix_tokens, prompt_n=354)
+    assert again.action == "restored" and "gated" in again.reason, again  # not trusted on its proof
+    rig.preparer.report(fingerprint=again.fingerprint, cache_n=10, prompt_n=7489)
+    third = rig.prepare(capture(PROJ_A), session="ses_c")
+    assert third.action == "warmed" and "2 real requests in a row missed" in third.reason, third
+    assert rig.preparer.stats.counters["report_missed"] == 2
+    ok = rig.preparer.report(fingerprint=third.fingerprint, cache_n=third.prefix_tokens, prompt_n=354)
     assert ok["verdict"] == "served"
+
+
+@BOTH
+def test_a_conversation_going_on_after_a_restart_gets_its_head_back(prep, model: str) -> None:
+    server, rig = prep(model)
+    rig.prepare(PROJ_A, session="ses_a")
+    chat(server.url, capture(PROJ_A))
+    server.restart()
+    rig.preparer.watch()  # the daemon's watcher does this every second
+    turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
+    assert turn2.action == "restored", turn2
+    assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
+
+
+def test_the_watcher_leaves_a_live_conversation_alone(prep) -> None:
+    server, rig = prep("qwen35")
+    rig.prepare(PROJ_A, session="ses_a")
+    rig.preparer.watch()
+    chat(server.url, capture(PROJ_A))
+    rig.preparer.watch()
+    rig.transport.calls.clear()
+    assert rig.prepare(PROJ_A_TURN2, session="ses_a").action == "hit"
+    assert rig.transport.calls == []
 
 
 def test_the_index_records_the_file(prep) -> None:
