@@ -218,6 +218,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
             cases[CASES[1]][name] = per_turn[name][0]
         for arm in arms.values():
             arm.server.restart()
+        time.sleep(1.5)  # a user comes back later than ocpc's 1 s restart watch; the same for every arm
         for name, arm in arms.items():
             cases[CASES[2]][name] = arm.send(talks[name], "ses_bench")
         hearth_stats = peer.http.get(f"{peer.proxy_url}/hearth/stats").json()

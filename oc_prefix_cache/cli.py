@@ -157,7 +157,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show cold vs. warm first requests on a real OpenCode request, on this machine."""
-    from .demo import rows_json, run_demo
+    from .demo import render_demo, rows_json, run_demo
     from .rig import ensure_rig, find_server
     from .tinymodels import ensure_model
 
@@ -178,23 +178,7 @@ def demo(
         if as_json:
             print_json({"model": str(model_path), "server": str(binary), "rows": data})
             return
-        _demo_table(data, model_path.name)
-
-
-def _demo_table(rows: list[dict[str, Any]], model_name: str) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"first request of a new OpenCode session ({model_name})")
-    for name in ("case", "ocpc", "prompt tok", "from cache", "ms", "vs cold"):
-        table.add_column(name, justify="left" if name in ("case", "ocpc") else "right")
-    for row in rows:
-        table.add_row(row["case"], row["action"], f"{row['prompt_n']:,}", f"{row['cache_n']:,}",
-                      f"{row['total_ms']:,.0f}", f"{row['speedup']:.1f}x")
-    out = Console()
-    out.print(table)
-    cold, restart = rows[0], rows[-1]
-    out.print(f"after a server restart: {cold['prompt_n'] / max(1, restart['prompt_n']):.0f}x fewer prompt tokens, "
-              f"{restart['speedup']:.1f}x faster than cold")
+        render_demo(data, model_path.name, Console())
 
 
 def _config_path(config: Path | None, project: bool) -> Path:
@@ -323,9 +307,7 @@ def launch(
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Server, daemon and disk at a glance, with a one-line verdict. Works with parts down."""
-    import time
-
-    from .status import age, gather, verdict
+    from .status import gather, render, verdict
 
     with edge():
         data = gather(Settings.from_env())
@@ -333,41 +315,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] 
         if as_json:
             print_json(data)
             return
-        out = Console()
-        server, daemon, disk = data["server"], data["daemon"], data["disk"]
-        if server["reachable"]:
-            flags = server.get("flags") or {}
-            out.print(f"server  {server['url']}  {server['build']}  {Path(server['model'] or '?').name}  "
-                      f"slots {server['slots']} x {server['n_ctx']} ctx")
-            if flags:
-                out.print(f"        slot-save-path {flags.get('slot_save_path') or 'MISSING'}  "
-                          f"checkpoint-min-step {flags.get('checkpoint_min_step') or 'default'}")
-        else:
-            out.print(f"server  {server['url']}  [red]down[/red]: {server.get('error')}")
-        if daemon["up"]:
-            c = daemon["counters"]
-            out.print(f"daemon  {daemon['url']}  hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "
-                      f"warmed {c.get('warmed', 0)}  skipped {c.get('skipped', 0)}  fail-open {daemon['fail_opens']}")
-            for event in daemon["recent"]:
-                out.print(f"        {event['action']:9} {event['ms']:8.1f} ms  {event['fingerprint'] or ''}")
-            report = daemon.get("last_report")
-            if report:
-                out.print(f"        last request: {report['cache_n']:,} tokens from cache, {report['prompt_n']:,} "
-                          f"processed ({report['verdict']})")
-        else:
-            out.print(f"daemon  [red]down[/red]: {daemon['error']}")
-        plugin = data["plugin"]
-        if plugin["forwards"]:
-            out.print(f"plugin  {plugin['forwards']} requests forwarded, {plugin['fail_opens']} without the daemon"
-                      + (f" (last: {plugin['last_error']})" if plugin["last_error"] else ""))
-        cap = f" of {disk['cap_bytes'] / 1e9:.1f} GB cap" if disk["cap_bytes"] else ""
-        out.print(f"disk    {disk['slot_dir']}  {len(disk['files'])} file(s), {disk['total_bytes'] / 1e6:,.1f} MB{cap}")
-        for f in disk["files"][:8]:
-            used = age(time.time() - f["last_used"]) if f["last_used"] else "not in index"
-            out.print(f"        {f['fingerprint']}  {f['bytes'] / 1e6:8.1f} MB  {used}{'  current' if f['current'] else ''}")
-        if disk.get("index_error"):
-            out.print(f"        [red]{disk['index_error']}[/red]")
-        out.print(data["verdict"], style="bold")
+        render(data, Console(highlight=False))
 
 
 @app.command()

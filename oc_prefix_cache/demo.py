@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Console
+from rich.table import Table
 
 from .daemon import Daemon
 from .llama_process import LlamaServer, ServerConfig, free_port
@@ -126,3 +128,16 @@ def _scenario(http: httpx.Client, server: LlamaServer, daemon: Daemon, step: Ste
 def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     cold = rows[0].total_ms
     return [asdict(r) | {"total_ms": round(r.total_ms, 1), "speedup": round(cold / r.total_ms, 2)} for r in rows]
+
+
+def render_demo(rows: list[dict[str, Any]], model_name: str, out: Console) -> None:
+    table = Table(title=f"first request of a new OpenCode session ({model_name})")
+    for name in ("case", "ocpc", "prompt tok", "from cache", "ms", "vs cold"):
+        table.add_column(name, justify="left" if name in ("case", "ocpc") else "right")
+    for row in rows:
+        table.add_row(row["case"], row["action"], f"{row['prompt_n']:,}", f"{row['cache_n']:,}",
+                      f"{row['total_ms']:,.0f}", f"{row['speedup']:.1f}x")
+    out.print(table)
+    cold, restart = rows[0], rows[-1]
+    out.print(f"after a server restart: {cold['prompt_n'] / max(1, restart['prompt_n']):.0f}x fewer prompt tokens, "
+              f"{restart['speedup']:.1f}x faster than cold")

@@ -8,10 +8,12 @@ the gathered facts. JSON shape: docs/operations.md.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Console
 
 from .errors import OcpcError, StoreError
 from .launch import read_runtime
@@ -167,3 +169,41 @@ def age(seconds_ago: float) -> str:
     if seconds_ago < 129600:
         return f"{seconds_ago / 3600:.0f} h ago"
     return f"{seconds_ago / 86400:.0f} days ago"
+
+
+def render(data: dict[str, Any], out: Console) -> None:
+    """The status screen: one line per part, indented details, the verdict last (80 columns)."""
+    server, daemon, disk = data["server"], data["daemon"], data["disk"]
+    if server["reachable"]:
+        flags = server.get("flags") or {}
+        out.print(f"server  {server['url']}  {server['build']}  {Path(server['model'] or '?').name}  "
+                  f"slots {server['slots']} x {server['n_ctx']} ctx")
+        if flags:
+            out.print(f"        slot-save-path {flags.get('slot_save_path') or 'MISSING'}  "
+                      f"checkpoint-min-step {flags.get('checkpoint_min_step') or 'default'}")
+    else:
+        out.print(f"server  {server['url']}  [red]down[/red]: {server.get('error')}")
+    if daemon["up"]:
+        c = daemon["counters"]
+        out.print(f"daemon  {daemon['url']}  hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "
+                  f"warmed {c.get('warmed', 0)}  skipped {c.get('skipped', 0)}  fail-open {daemon['fail_opens']}")
+        for event in daemon["recent"]:
+            out.print(f"        {event['action']:9} {event['ms']:8.1f} ms  {event['fingerprint'] or ''}")
+        report = daemon.get("last_report")
+        if report:
+            out.print(f"        last request: {report['cache_n']:,} tokens from cache, {report['prompt_n']:,} "
+                      f"processed ({report['verdict']})")
+    else:
+        out.print(f"daemon  [red]down[/red]: {daemon['error']}")
+    plugin = data["plugin"]
+    if plugin["forwards"]:
+        out.print(f"plugin  {plugin['forwards']} requests forwarded, {plugin['fail_opens']} without the daemon"
+                  + (f" (last: {plugin['last_error']})" if plugin["last_error"] else ""))
+    cap = f" of {disk['cap_bytes'] / 1e9:.1f} GB cap" if disk["cap_bytes"] else ""
+    out.print(f"disk    {disk['slot_dir']}  {len(disk['files'])} file(s), {disk['total_bytes'] / 1e6:,.1f} MB{cap}")
+    for f in disk["files"][:8]:
+        used = age(time.time() - f["last_used"]) if f["last_used"] else "not in index"
+        out.print(f"        {f['fingerprint']}  {f['bytes'] / 1e6:8.1f} MB  {used}{'  current' if f['current'] else ''}")
+    if disk.get("index_error"):
+        out.print(f"        [red]{disk['index_error']}[/red]")
+    out.print(data["verdict"], style="bold")

@@ -34,3 +34,5 @@ node --test plugin-js/test/
 # The benchmark in smoke mode, so it cannot rot (full runs: docs/performance.md).
 echo "== bench (smoke)"
 .venv/bin/python bench/prepare_bench.py --smoke --models qwen35
+node bench/failopen_bench.mjs --calls 20
+.venv/bin/python bench/peer_bench.py --smoke
