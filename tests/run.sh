@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): set up everything on a fresh machine, then run every test.
 # Idempotent: the venv is reused, the llama-server build and tiny models are cached
-# under ~/.cache/oc-prefix-cache/rig (keyed by the pinned sdist version).
+# under ~/.cache/oc-prefix-cache/rig (keyed by the pinned sdist version), OpenCode under
+# ~/.cache/oc-prefix-cache/opencode-<version>, the peer under ~/.cache/oc-prefix-cache/peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,22 +18,29 @@ fi
 echo "== mypy"
 .venv/bin/mypy
 
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
 echo "== pytest"
 set +e
-.venv/bin/python -m pytest "$@"
-code=$?
+.venv/bin/python -m pytest "$@" 2>&1 | tee "$log"
+code=${PIPESTATUS[0]}
 set -e
 if [ "$code" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
 fi
 [ "$code" -eq 0 ] || exit "$code"
+py_passed=$(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
 
 echo "== node --test (the OpenCode plugin)"
-node --test plugin-js/test/
+node --test plugin-js/test/ 2>&1 | tee "$log"
+node_passed=$(grep -E '^# pass ' "$log" | grep -Eo '[0-9]+' || echo 0)
 
-# The benchmark in smoke mode, so it cannot rot (full runs: docs/performance.md).
+# The benchmarks in smoke mode, so they cannot rot (full runs: docs/performance.md).
 echo "== bench (smoke)"
 .venv/bin/python bench/prepare_bench.py --smoke --models qwen35
 node bench/failopen_bench.mjs --calls 20
 .venv/bin/python bench/peer_bench.py --smoke
+
+echo "tests: $((py_passed + node_passed)) passed, 0 failed"
