@@ -26,6 +26,7 @@ from . import __version__
 from .errors import ConfigError, OcpcError
 from .head import MAX_BODY_BYTES
 from .prepare import Preparer
+from .server_info import port_of, read_runtime
 from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
 from .slotfile import fingerprint_of
@@ -47,8 +48,10 @@ class Daemon:
         self.server_url = (server_url or settings.base_url).rstrip("/")
         self.client = SlotClient(self.server_url)
         self.store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
+        port_ = port_of(self.server_url)
         self.preparer = Preparer(settings=settings, client=self.client, store=self.store,
-                                 server_binary=server_binary)
+                                 server_binary=server_binary,
+                                 runtime=read_runtime(settings, port_) if port_ else None)
         try:
             self.httpd = _Server((host, settings.daemon_port if port is None else port), _Handler)
         except OSError as exc:

@@ -20,9 +20,14 @@ from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
 from .install import default_config_path
-from .launch import read_runtime
 from .render import render_head
-from .server_info import flag_value, identity_from_props, port_of, server_argv
+from .server_info import (
+    flag_value,
+    identity_from_props,
+    port_of,
+    read_runtime,
+    server_argv,
+)
 from .settings import Settings
 from .slot_client import SlotClient, Timeouts
 from .store import Store

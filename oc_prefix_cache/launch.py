@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .daemon import Daemon
 from .errors import ConfigError, ProcessError
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .process import Supervised
+from .server_info import runtime_path
 from .settings import Settings
 
 
@@ -104,18 +104,6 @@ def _build_from_version(version: str) -> int | None:
     if match is None or int(match.group(1)) == 0:
         return None
     return int(match.group(1))
-
-
-def runtime_path(settings: Settings, port: int) -> Path:
-    return settings.home / f"server-{port}.json"
-
-
-def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
-    try:
-        data = json.loads(runtime_path(settings, port).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 @contextmanager

@@ -42,7 +42,7 @@ from .gc import run_gc
 from .head import ChatBody, Head, Skip, extends, extract_head, harness_of, parse_body
 from .locks import file_lock
 from .render import render_head
-from .server_info import gather_identity
+from .server_info import gather_identity, server_argv
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import file_digest, read_header, slot_filename
@@ -106,7 +106,7 @@ class Preparer:
     """One per (daemon, llama-server). Thread-safe; prepares for one slot are serialised."""
 
     def __init__(self, *, settings: Settings, client: SlotClient, store: Store,
-                 server_binary: Path | None = None) -> None:
+                 server_binary: Path | None = None, runtime: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self.client = client
         self.store = store
@@ -118,6 +118,9 @@ class Preparer:
         self._proven: set[tuple[str, int, int]] = set()  # (fp, size, mtime_ns) gated on this server
         self._misses: Counter[str] = Counter()  # fp -> real requests in a row that missed its head
         self._last_task: dict[int, int | None] = {}  # slot -> highest id_task seen (restart detection)
+        self._runtime = runtime  # how `ocpc launch` started the server, when it did
+        self._argv: list[str] | None = None
+        self._argv_looked_up = False
         self._last: dict[str, PrepareResult] = {}  # fp -> last answer, for reports
         self._guard = threading.Lock()
         self._slot_locks: dict[int, threading.Lock] = {}
@@ -201,7 +204,7 @@ class Preparer:
 
     def _prepare_new_session(self, body: ChatBody, head: Head, headers: dict[str, str], slot: int,
                              session: str, digests: tuple[str, ...], tools_digest: str) -> PrepareResult:
-        server = gather_identity(self.client, binary=self.server_binary)
+        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv())
         plan = self._plan(body, head, server, harness_of(headers.get("user-agent", "")))
         fp = plan.fingerprint
         n = len(plan.tokens)
@@ -244,6 +247,16 @@ class Preparer:
                             exact=True)
         return done("warmed", self._warm(plan, slot, server, why="first run of this configuration"), exact=True)
 
+    def _server_argv(self) -> list[str] | None:
+        """The server's command line (for its KV cache types), looked up once per process."""
+        with self._guard:
+            if self._argv_looked_up:
+                return self._argv
+        argv = server_argv(self.client.base_url, runtime=self._runtime)
+        with self._guard:
+            self._argv, self._argv_looked_up = argv, True
+        return argv
+
     def watch(self) -> None:
         """Check the server for a restart; the daemon calls this every second or so.
 
@@ -276,6 +289,7 @@ class Preparer:
                          slot, seen, now.id_task)
                 self._proven.clear()
                 self._views.pop(slot, None)
+                self._argv_looked_up = False  # a restart may come with other flags
 
     # -- the three actions -------------------------------------------------------------
     def _restore_gated(self, plan: HeadPlan, slot: int, path: Path) -> tuple[str, bool]:

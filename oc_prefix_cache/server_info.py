@@ -6,6 +6,7 @@ can stat the model file the server names and read its GGUF header.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,26 @@ import xxhash
 from .errors import OcpcError
 from .fingerprint import ServerIdentity, build_identity, model_file_identities
 from .gguf_meta import read_gguf_info
+from .settings import Settings
 from .slot_client import SlotClient
 
 
-def gather_identity(client: SlotClient, *, binary: Path | None) -> ServerIdentity:
+def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] | None = None) -> ServerIdentity:
     props = client.props()
-    return identity_from_props(props, binary=binary)
+    return identity_from_props(props, binary=binary, argv=argv)
 
 
-def identity_from_props(props: dict[str, Any], *, binary: Path | None) -> ServerIdentity:
+def kv_types(argv: list[str] | None) -> str:
+    """KV cache types from the server's flags (/props does not report them); "" unknown."""
+    if argv is None:
+        return ""
+    k = flag_value(argv, ("-ctk", "--cache-type-k")) or "f16"
+    v = flag_value(argv, ("-ctv", "--cache-type-v")) or "f16"
+    return f"{k}/{v}"
+
+
+def identity_from_props(props: dict[str, Any], *, binary: Path | None,
+                        argv: list[str] | None = None) -> ServerIdentity:
     model_path = str(props.get("model_path") or "")
     settings = props.get("default_generation_settings") or {}
     template = str(props.get("chat_template") or "")
@@ -34,7 +46,7 @@ def identity_from_props(props: dict[str, Any], *, binary: Path | None) -> Server
         chat_template_digest=xxhash.xxh64_hexdigest(template.encode()),
         n_ctx=int(settings.get("n_ctx") or 0),
         total_slots=int(props.get("total_slots") or 1),
-        kv_types=str(props.get("cache_type_k", "")) + "/" + str(props.get("cache_type_v", "")),
+        kv_types=kv_types(argv),
         hybrid=_is_partial_cache_model(model_path),
     )
 
@@ -96,3 +108,16 @@ def port_of(url: str) -> int | None:
         return int(rest.rsplit(":", 1)[1])
     except ValueError:
         return None
+
+
+def runtime_path(settings: Settings, port: int) -> Path:
+    """Where `ocpc launch` records how it started the server on ``port``."""
+    return settings.home / f"server-{port}.json"
+
+
+def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads(runtime_path(settings, port).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

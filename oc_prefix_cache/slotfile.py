@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 import struct
-
-import xxhash
 from dataclasses import dataclass
 from pathlib import Path
+
+import xxhash
 
 from .errors import SlotFileError
 

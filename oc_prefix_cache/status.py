@@ -16,8 +16,7 @@ import httpx
 from rich.console import Console
 
 from .errors import OcpcError, StoreError
-from .launch import read_runtime
-from .server_info import port_of, flag_value, server_argv
+from .server_info import flag_value, port_of, read_runtime, server_argv
 from .settings import Settings
 from .slot_client import SlotClient, Timeouts
 from .slotfile import fingerprint_of

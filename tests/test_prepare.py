@@ -331,3 +331,12 @@ def test_after_a_restart_every_file_is_gated_again(prep) -> None:
     again = rig.prepare(PROJ_B, session="ses_b")
     assert again.action == "restored" and "gated" in again.reason, again
     assert_served(chat(server.url, capture(PROJ_B)), again)
+
+
+def test_kv_cache_type_from_the_servers_flags_moves_the_fingerprint(prep) -> None:
+    server, rig = prep("qwen3")
+    plain = rig.prepare(PROJ_A)
+    server.stop()
+    _, rig2 = prep("qwen3", extra_args=("-ctk", "q8_0"))
+    quantised = rig2.prepare(PROJ_A)
+    assert quantised.action == "warmed" and quantised.fingerprint != plain.fingerprint
