@@ -19,7 +19,7 @@ from typing import Literal
 
 from .errors import IndexCorrupt, StoreError
 from .settings import Settings
-from .slotfile import FILE_RE, fingerprint_of
+from .slotfile import fingerprint_of, is_slot_file_name
 from .store import Index, Store
 
 DAY = 86400.0
@@ -75,7 +75,7 @@ class GcPlan:
 def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str | None,
             now: float, ttl_days: float, keep_recent: int, max_bytes: int | None) -> GcPlan:
     """Pure policy: the same inputs always give the same plan (see the module docstring)."""
-    ours = sorted((f for f in files if f.regular and FILE_RE.match(f.name)), key=lambda f: f.name)
+    ours = sorted((f for f in files if f.regular and is_slot_file_name(f.name)), key=lambda f: f.name)
     ignored = tuple(sorted(f.name for f in files if f not in ours))
     total = sum(f.bytes for f in ours)
     if index is None or index_error is not None:

@@ -50,6 +50,9 @@ class InstallRecord:
     backup: str | None
     written_sha256: str
     insertions: list[dict[str, Any]] = field(default_factory=list)
+    # The backup is the whole truth only after a single install: a second install on top
+    # may follow edits of the user's, which restoring the first backup would lose.
+    restorable: bool = True
 
 
 def normalise_base_url(url: str) -> str:
@@ -140,6 +143,7 @@ def install(settings: Settings, *, config_path: Path, base_url: str, provider_id
     if edits:
         new_text, insertions = _apply(text if text.strip() else "{\n}\n", edits)
         jsonc.loads(new_text)  # never write what we could not read back
+        _load_records(settings)  # a damaged record file stops us before the config is touched
         backup = _backup(settings, config_path, original) if existed else None
         _write_atomic(config_path, new_text.encode())
         record = InstallRecord(str(config_path), existed, str(backup) if backup else None,
@@ -157,9 +161,12 @@ def uninstall(settings: Settings, *, config_path: Path) -> list[str]:
     raw = records.get(str(config_path))
     if raw is None:
         raise InstallError(f"ocpc has no record of installing into {config_path}")
-    record = InstallRecord(**raw)
+    try:
+        record = InstallRecord(**raw)
+    except TypeError as exc:
+        raise InstallError(f"{_records_path(settings)} is damaged ({exc}); fix or remove it") from exc
     current = config_path.read_bytes() if config_path.exists() else b""
-    if hashlib.sha256(current).hexdigest() == record.written_sha256:
+    if record.restorable and hashlib.sha256(current).hexdigest() == record.written_sha256:
         if record.existed and record.backup:
             _write_atomic(config_path, Path(record.backup).read_bytes())
             said = [f"restored {config_path} from {record.backup}"]
@@ -167,20 +174,32 @@ def uninstall(settings: Settings, *, config_path: Path) -> list[str]:
             config_path.unlink()
             said = [f"removed {config_path} (ocpc had created it)"]
     else:
-        text = current.decode("utf-8")
-        for raw_insertion in reversed(record.insertions):
-            out = jsonc.remove(text, jsonc.Insertion(**raw_insertion))
-            if out is None:
-                raise InstallError(
-                    f"{config_path} changed where ocpc wrote; restore it by hand"
-                    + (f" from {record.backup}" if record.backup else "")
-                )
-            text = out
+        text = _without_insertions(current, record, config_path)
         _write_atomic(config_path, text.encode())
         said = [f"removed ocpc's entries from {config_path}; your later edits are kept"]
     del records[str(config_path)]
     _write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
     return said
+
+
+def _without_insertions(current: bytes, record: InstallRecord, config_path: Path) -> str:
+    """The config minus exactly ocpc's snippets, checked to still be valid JSON(C)."""
+    by_hand = f"{config_path} changed where ocpc wrote; restore it by hand" + (
+        f" (the original is in {record.backup})" if record.backup else "")
+    try:
+        text = current.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InstallError(f"{config_path} is no longer UTF-8 text; {by_hand}") from exc
+    for raw_insertion in reversed(record.insertions):
+        out = jsonc.remove(text, jsonc.Insertion(**raw_insertion))
+        if out is None:
+            raise InstallError(by_hand)
+        text = out
+    try:
+        jsonc.loads(text)
+    except jsonc.JsoncError as exc:
+        raise InstallError(f"removing ocpc's entries would leave invalid JSON ({exc}); {by_hand}") from exc
+    return text
 
 
 def _apply(text: str, edits: list[Edit]) -> tuple[str, list[jsonc.Insertion]]:
@@ -235,9 +254,10 @@ def _preinstall_plugin_sdk(folder: Path, version: str) -> list[str]:
 def _backup(settings: Settings, config_path: Path, original: bytes) -> Path:
     folder = settings.home / "backups"
     folder.mkdir(parents=True, exist_ok=True)
-    backup = folder / f"{config_path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
-    backup.write_bytes(original)
-    return backup
+    fd, name = tempfile.mkstemp(prefix=f"{config_path.name}.{time.strftime('%Y%m%d-%H%M%S')}.", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        out.write(original)
+    return Path(name)
 
 
 def _records_path(settings: Settings) -> Path:
@@ -262,6 +282,7 @@ def _save_record(settings: Settings, record: InstallRecord) -> None:
         record.backup = previous["backup"]
         record.existed = previous["existed"]
         record.insertions = previous["insertions"] + record.insertions
+        record.restorable = False
     records[record.config] = asdict(record)
     _write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
 

@@ -161,11 +161,15 @@ def append_to_array(text: str, path: tuple[str, ...], key: str, item: Any) -> tu
 def remove(text: str, insertion: Insertion) -> str | None:
     """Take a snippet out again: at its offset, or wherever it now is if it is there once.
 
-    None when the snippet is gone or ambiguous: then we do not guess.
+    A snippet that is gone (the user removed it) leaves the text as it is; None when it
+    is there more than once and not at its offset: then we do not guess which.
     """
     at = insertion.offset
     if text[at : at + len(insertion.snippet)] != insertion.snippet:
-        if text.count(insertion.snippet) != 1:
+        count = text.count(insertion.snippet)
+        if count == 0:
+            return text
+        if count > 1:
             return None
         at = text.index(insertion.snippet)
     return text[:at] + text[at + len(insertion.snippet) :]

@@ -22,19 +22,26 @@ from .errors import SlotFileError
 
 MAGIC = 0x67677371  # 'ggsq'
 SUPPORTED_VERSIONS = frozenset({4})
-FILE_RE = re.compile(r"^oc-prefix-([0-9a-f]{16})\.bin$")
+MAX_PACKED = 16 * 1024 * 1024  # more header values than any context holds: a damaged count
+# Matched with fullmatch only: `$` would also accept a trailing newline.
+FILE_RE = re.compile(r"oc-prefix-([0-9a-f]{16})\.bin")
+
+
+def is_slot_file_name(name: str) -> bool:
+    """True only for names ocpc writes: ``oc-prefix-<16 lower-case hex>.bin``, nothing else."""
+    return FILE_RE.fullmatch(name) is not None
 
 
 def slot_filename(fingerprint: str) -> str:
     name = f"oc-prefix-{fingerprint}.bin"
-    if not FILE_RE.match(name):
+    if not is_slot_file_name(name):
         raise ValueError(f"not a fingerprint: {fingerprint!r}")
     return name
 
 
 def fingerprint_of(filename: str) -> str | None:
     """The fingerprint in an ocpc slot file name, or None for any other file."""
-    match = FILE_RE.match(filename)
+    match = FILE_RE.fullmatch(filename)
     return match.group(1) if match else None
 
 
@@ -64,9 +71,11 @@ def read_header(path: Path) -> SlotFileHeader:
                     f"{path.name} has slot-file version {version}; this ocpc reads {sorted(SUPPORTED_VERSIONS)}"
                 )
             size = path.stat().st_size
-            if 12 + 4 * count > size:
-                raise SlotFileError(f"{path.name} is truncated: header names {count} tokens")
+            if 12 + 4 * count > size or count > MAX_PACKED:
+                raise SlotFileError(f"{path.name} is truncated or damaged: header names {count} values")
             raw = handle.read(4 * count)
+            if len(raw) != 4 * count:
+                raise SlotFileError(f"{path.name} is truncated: {len(raw)} of {4 * count} header bytes")
     except OSError as exc:
         raise SlotFileError(f"cannot read {path}: {exc}") from exc
     packed = struct.unpack(f"<{count}i", raw)

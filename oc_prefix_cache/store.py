@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import IndexCorrupt, StoreError
 from .locks import file_lock
-from .slotfile import FILE_RE
+from .slotfile import is_slot_file_name
 
 INDEX_VERSION = 1
 
@@ -59,15 +59,28 @@ class Index:
             raise IndexCorrupt(f"{source}: 'entries' and 'current' must be objects")
         entries: dict[str, Entry] = {}
         for fp, raw in entries_raw.items():
-            try:
-                entry = Entry(**raw)
-            except TypeError as exc:
-                raise IndexCorrupt(f"{source}: entry {fp!r} is malformed ({exc})") from exc
-            if not FILE_RE.match(entry.file) or not isinstance(entry.last_used, int):
+            entry = _entry(raw, fp, source)
+            if not is_slot_file_name(entry.file):
                 raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc slot file")
             entries[fp] = entry
         current = {str(k): str(v) for k, v in current_raw.items()}
         return cls(entries=entries, current=current)
+
+
+def _entry(raw: Any, fp: str, source: str) -> Entry:
+    """One entry, with every field of the type the dataclass says, or IndexCorrupt."""
+    if not isinstance(raw, dict):
+        raise IndexCorrupt(f"{source}: entry {fp!r} is not an object")
+    try:
+        entry = Entry(**raw)
+    except TypeError as exc:
+        raise IndexCorrupt(f"{source}: entry {fp!r} is malformed ({exc})") from exc
+    for name, kind in (("file", str), ("bytes", int), ("prefix_tokens", int), ("created", int),
+                       ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str)):
+        value = getattr(entry, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise IndexCorrupt(f"{source}: entry {fp!r} has {name}={value!r}, expected {kind.__name__}")
+    return entry
 
 
 def slot_key(base_url: str, slot: int) -> str:

@@ -120,3 +120,29 @@ def test_cli_install_prints_changes_and_uninstall_restores(isolated_home: Path) 
     assert config.read_text() == '{"theme": "dark"}\n'
     again = runner.invoke(app, ["uninstall"])
     assert again.exit_code == 1 and "no record" in again.output
+
+
+def test_uninstall_refuses_rather_than_write_invalid_json(isolated_home: Path) -> None:
+    config = isolated_home / "config" / "opencode" / "opencode.json"
+    run_install(config)
+    text = config.read_text()
+    edited = text.rstrip().rstrip("}") + ',\n  "theme": "dark"\n}\n'
+    config.write_text(edited)
+    with pytest.raises(InstallError, match="restore it by hand"):
+        uninstall(Settings.from_env(), config_path=config)
+    assert config.read_text() == edited  # untouched
+
+
+def test_reinstall_after_user_edits_keeps_them_on_uninstall(tmp_path: Path) -> None:
+    config = tmp_path / "opencode.json"
+    config.write_text('{\n  "theme": "dark"\n}\n')
+    run_install(config)
+    data = jsonc.loads(config.read_text())
+    edited = config.read_text().replace('"theme": "dark"', '"theme": "dark",\n  "model": "llamacpp/big"')
+    edited = edited.replace('"agent": {\n    "title": {\n      "disable": true\n    }\n  },', "")
+    config.write_text(edited)
+    assert "agent" not in jsonc.loads(edited) and data["agent"]
+    run_install(config)  # puts agent.title back
+    uninstall(Settings.from_env(), config_path=config)
+    final = jsonc.loads(config.read_text())
+    assert final == {"theme": "dark", "model": "llamacpp/big"}

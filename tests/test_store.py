@@ -44,7 +44,13 @@ def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path
 @pytest.mark.parametrize("text", ["{", "[]", '{"version": 2, "entries": {}}', '{"version": 1, "entries": []}',
                                   '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
                                   '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
-                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}'])
+                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
+                                  '{"version": 1, "entries": {"x": {"file": null, "bytes": 1, "prefix_tokens": 1,'
+                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
+                                  '{"version": 1, "entries": {"x": {"file": "oc-prefix-0123456789abcdef.bin", "bytes": "1",'
+                                  ' "prefix_tokens": 1, "created": 1, "last_used": 1, "model": "", "server_build": "",'
+                                  ' "harness": ""}}}',
+                                  '{"version": 1, "entries": {"x": 7}}'])
 def test_corrupt_index_is_refused_and_left_as_it_was(tmp_path: Path, text: str) -> None:
     (tmp_path / "index.json").write_text(text)
     store = make_store(tmp_path)
