@@ -59,6 +59,7 @@ class Daemon:
         self.httpd.daemon = self
         self._thread: threading.Thread | None = None
         self._watch_interval = watch_interval
+        self._serving = False
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="ocpc-watch", daemon=True)
 
@@ -70,12 +71,16 @@ class Daemon:
     def serve_forever(self) -> None:
         if not self._watcher.is_alive():
             self._watcher.start()
+        self._serving = True
         self.httpd.serve_forever(poll_interval=0.2)
 
     def _watch(self) -> None:
         """Notice server restarts between requests (see ``Preparer.watch``)."""
         while not self._stopping.wait(self._watch_interval):
-            self.preparer.watch()
+            try:
+                self.preparer.watch()
+            except Exception:  # the watcher must outlive any surprise
+                log.exception("restart watch failed; trying again")
 
     def start(self) -> None:
         """Serve in a background thread (tests, launcher)."""
@@ -84,7 +89,8 @@ class Daemon:
 
     def stop(self) -> None:
         self._stopping.set()
-        self.httpd.shutdown()
+        if self._thread is not None or self._serving:
+            self.httpd.shutdown()
         self.httpd.server_close()
         self.client.close()
         if self._thread:
@@ -128,6 +134,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 30  # an idle or stalled client does not hold a thread for ever
 
     def handle(self) -> None:
         """A client that gave up (the plugin's timeout) is normal, not an error to print."""
@@ -136,10 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError) as exc:
             log.info("client %s went away before the answer: %s", self.address_string(), exc)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         if self.path == "/health":
             self._send(HTTPStatus.OK, {"status": "ok", "version": __version__})
         elif self.path == "/v1/status":
@@ -147,7 +154,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: GET {self.path}"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
+        refusal = self._refusal()
+        if refusal is not None:
+            self.close_connection = True
+            self._send(*refusal)
+            return
         if self.path == "/v1/prepare":
             raw = self._read_body(MAX_BODY_BYTES)
             if raw is not None:
@@ -156,9 +168,23 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._read_body(MAX_REPORT_BYTES)
             if raw is not None:
                 self._report(raw)
-        else:
-            self._read_body(MAX_BODY_BYTES)
+        elif self._read_body(MAX_BODY_BYTES) is not None:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
+
+    def _refusal(self) -> tuple[HTTPStatus, dict[str, Any]] | None:
+        """Only local programs may drive the daemon, never a web page in a browser.
+
+        A page can POST text/plain to loopback without a preflight, and a rebound DNS
+        name can reach it too: so no Origin header, a loopback Host, and JSON only.
+        """
+        if self.headers.get("Origin") is not None:
+            return HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"}
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
+        if host not in LOOPBACK_HOSTS:
+            return HTTPStatus.FORBIDDEN, {"error": f"Host {host!r} is not a loopback name"}
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+            return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send Content-Type: application/json"}
+        return None
 
     def _prepare(self, raw: bytes) -> None:
         """Headers at once, the answer when done: the plugin bounds the two separately.

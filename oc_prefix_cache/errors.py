@@ -64,5 +64,9 @@ class BadRequestBody(OcpcError):
     """A prepare body that is not a chat request we can read."""
 
 
+class LockTimeout(OcpcError):
+    """Another process held a lock for longer than we may wait."""
+
+
 class ProcessError(OcpcError):
     """A supervised process failed to start or exited early."""

@@ -136,7 +136,14 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
         load_timeout: float = 900.0) -> int:
     """Start both, wait for a signal or the server's exit, stop both. Returns an exit code."""
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # HUP: the terminal closed
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+
+    def waiting(seconds: float) -> None:
+        if stop.is_set():  # Ctrl-C while the model loads: do not wait minutes for it
+            raise ProcessError("stopped while llama-server was loading")
+        on_wait(seconds)
+
     url = f"http://{host}:{port}"
     server = Supervised(name="llama-server", argv=argv, health_url=f"{url}/health",
                         log_path=settings.log_dir / f"llama-server-{port}.log")
@@ -146,7 +153,7 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
             settings.slot_dir.mkdir(parents=True, exist_ok=True)
             say(f"starting llama-server on {url} (log: {server.log_path})")
             try:
-                server.start(timeout=load_timeout, on_wait=on_wait)
+                server.start(timeout=load_timeout, on_wait=waiting)
             finally:
                 on_ready()
             _write_runtime(settings, port, server.pid, binary, argv, url)

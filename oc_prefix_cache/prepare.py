@@ -53,6 +53,7 @@ log = logging.getLogger("ocpc.prepare")
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 # A first miss re-proves the file behind the gates (cheap); a second in a row rebuilds it.
 REBUILD_AFTER_MISSES = 2
+LOCK_WAIT_S = 240.0  # the plugin waits at most this long for a prepare
 
 
 @dataclass
@@ -199,12 +200,27 @@ class Preparer:
                 view.digests, view.exact = digests, False
                 return PrepareResult("hit", view.fingerprint, view.prefix_tokens,
                                      reason="same conversation: the slot holds its head")
+        continuing = any(m.get("role") == "assistant" for m in body.messages)
         with self._slot_lock(slot):
-            return self._prepare_new_session(body, head, headers, slot, session, digests, tools_digest)
+            return self._prepare_new_session(body, head, headers, slot, session, digests, tools_digest,
+                                             continuing=continuing)
 
     def _prepare_new_session(self, body: ChatBody, head: Head, headers: dict[str, str], slot: int,
-                             session: str, digests: tuple[str, ...], tools_digest: str) -> PrepareResult:
+                             session: str, digests: tuple[str, ...], tools_digest: str, *,
+                             continuing: bool) -> PrepareResult:
+        now = self._slot_now(slot)
+        restarted = self._notice_restart(slot, now) or now.id_task is None
+        if continuing and not restarted:
+            # Another conversation's later turn: the server's own cache (its slot or its RAM
+            # prompt cache) serves it best; a restore would wipe that for the head alone.
+            self._forget(slot)
+            return PrepareResult("skipped", reason="a conversation going on: left to the server's own cache")
         server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv())
+        if not server.model_files:
+            raise OcpcError(
+                f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
+                "the cache on its size and mtime, so run the daemon on the server's machine"
+            )
         plan = self._plan(body, head, server, harness_of(headers.get("user-agent", "")))
         fp = plan.fingerprint
         n = len(plan.tokens)
@@ -218,20 +234,20 @@ class Preparer:
                 self._views[slot] = SlotView(fp, n, session, digests, tools_digest, id_task, exact=exact)
             return PrepareResult(action, fp, n, reason=reason, tools_in_head=plan.tools_in_head)
 
-        now = self._slot_now(slot)
-        self._notice_restart(slot, now)
         with self._guard:
             view = self._views.get(slot)
             misses = self._misses.get(fp, 0)
             if misses >= REBUILD_AFTER_MISSES:
                 del self._misses[fp]
-        if misses >= REBUILD_AFTER_MISSES:
-            why = f"rebuilt: {misses} real requests in a row missed the head"
-            return done("warmed", self._warm(plan, slot, server, why=why), exact=True)
-        if view is not None and view.fingerprint == fp:
+        if view is not None and view.fingerprint == fp and misses < REBUILD_AFTER_MISSES:
             holds = _slot_holds(now, view, hybrid=server.hybrid)
             if holds:
                 return done("hit", holds, exact=view.exact)
+        self._forget(slot)  # from here the slot changes: a failure must not leave an old view
+        if misses >= REBUILD_AFTER_MISSES:
+            self._erase_quietly(slot)  # else a transformer would "rebuild" from the same live cache
+            why = f"rebuilt: {misses} real requests in a row missed the head"
+            return done("warmed", self._warm(plan, slot, server, why=why), exact=True)
         path = self.settings.slot_dir / slot_filename(fp)
         if path.is_file():
             try:
@@ -241,7 +257,8 @@ class Preparer:
                 log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding",
                           path.name, failure, likely_cause(hybrid=server.hybrid, build_info=server.build,
                                                            head_tokens=n, checkpoint_min_step=None))
-                self.stats.counters["gate_failed"] += 1
+                with self._guard:
+                    self.stats.counters["gate_failed"] += 1
                 self._erase_quietly(slot)
                 return done("warmed", self._warm(plan, slot, server, why=f"gate failed ({failure})"),
                             exact=True)
@@ -271,7 +288,7 @@ class Preparer:
             return  # down or restarting: the next look tells
         self._notice_restart(self.settings.slot, now)
 
-    def _notice_restart(self, slot: int, now: _SlotNow) -> None:
+    def _notice_restart(self, slot: int, now: _SlotNow) -> bool:
         """Forget what a restarted server lost: our views of the slot, and every proof.
 
         ``id_task`` only grows within one server process and is absent on a fresh one,
@@ -290,6 +307,7 @@ class Preparer:
                 self._proven.clear()
                 self._views.pop(slot, None)
                 self._argv_looked_up = False  # a restart may come with other flags
+            return restarted
 
     # -- the three actions -------------------------------------------------------------
     def _restore_gated(self, plan: HeadPlan, slot: int, path: Path) -> tuple[str, bool]:
@@ -315,7 +333,8 @@ class Preparer:
         gate = probe_gate(cache_n=timings.cache_n, head_tokens=len(plan.tokens))
         if not gate.ok:
             raise _GateFailed(gate.reason)
-        self._proven.add(key)
+        with self._guard:
+            self._proven.add(key)  # misses stay counted until a real request is served
         self._touch(plan, path, slot)
         return f"restored and gated in {_ms(started)} ms: {gate.reason}", False
 
@@ -355,7 +374,8 @@ class Preparer:
             part.unlink(missing_ok=True)
             raise OcpcError(f"warmed the slot ({len(plan.tokens)} tokens) but could not save it: {exc}") from exc
         stat = final.stat()
-        self._proven.add((plan.fingerprint, stat.st_size, stat.st_mtime_ns))
+        with self._guard:
+            self._proven.add((plan.fingerprint, stat.st_size, stat.st_mtime_ns))
         note = self._record_entry(plan, final, slot, server, digest)
         self._collect_garbage()
         return (f"{why}: prefilled {timings.prompt_n} tokens and saved {stat.st_size / 1e6:.1f} MB "
@@ -453,11 +473,21 @@ class Preparer:
 
     @contextmanager
     def _slot_lock(self, slot: int) -> Iterator[None]:
-        """Serialise prepares per slot, in this daemon (thread lock) and across daemons (flock)."""
+        """Serialise prepares per slot of this server, in this daemon and across daemons.
+
+        Bounded: a prepare that cannot get the slot within LOCK_WAIT_S (another one is
+        warming a head) fails open rather than queue past the plugin's patience.
+        """
         with self._guard:
             lock = self._slot_locks.setdefault(slot, threading.Lock())
-        with lock, file_lock(self.settings.home / f"slot-{slot}.lock"):
-            yield
+        if not lock.acquire(timeout=LOCK_WAIT_S):
+            raise OcpcError(f"slot {slot} is busy with another prepare for over {LOCK_WAIT_S:.0f} s")
+        try:
+            key = xxhash.xxh64_hexdigest(slot_key(self.client.base_url, slot).encode())
+            with file_lock(self.settings.home / f"slot-{key}.lock", timeout=LOCK_WAIT_S):
+                yield
+        finally:
+            lock.release()
 
     def _record(self, result: PrepareResult, headers: Mapping[str, str]) -> None:
         with self._guard:

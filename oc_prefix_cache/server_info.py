@@ -7,6 +7,7 @@ can stat the model file the server names and read its GGUF header.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,7 @@ def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str]
             argv = [a.decode(errors="replace") for a in cmdline.read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        if argv and "llama-server" in Path(argv[0]).name and flag_value(argv, ("--port",)) == str(port):
+        if argv and "llama-server" in Path(argv[0]).name and (flag_value(argv, ("--port",)) or "8080") == str(port):
             return argv
     return None
 
@@ -116,8 +117,21 @@ def runtime_path(settings: Settings, port: int) -> Path:
 
 
 def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
+    """The record of a live `ocpc launch` on ``port``; None when absent or stale."""
     try:
         data = json.loads(runtime_path(settings, port).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int) or not _alive(data["pid"]):
+        return None  # left by a launcher that died: its argv may no longer be the server's
+    return data
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -43,12 +43,17 @@ class Timings:
 
     @classmethod
     def from_response(cls, data: dict[str, Any]) -> Timings:
-        timings = data.get("timings") or {}
-        return cls(
-            cache_n=int(timings.get("cache_n", 0)),
-            prompt_n=int(timings.get("prompt_n", 0)),
-            prompt_ms=float(timings.get("prompt_ms", 0.0)),
-        )
+        timings = data.get("timings")
+        if not isinstance(timings, dict):
+            raise ServerError("the server's answer carries no timings")
+        try:
+            return cls(
+                cache_n=int(timings.get("cache_n", 0)),
+                prompt_n=int(timings.get("prompt_n", 0)),
+                prompt_ms=float(timings.get("prompt_ms", 0.0)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ServerError(f"the server's timings are malformed: {timings!r:.200}") from exc
 
 
 class SlotClient:
@@ -78,9 +83,13 @@ class SlotClient:
         return self._json("GET", "/props", timeout=self.timeouts.quick)
 
     def slots(self) -> list[dict[str, Any]]:
-        data = self._call("GET", "/slots", timeout=self.timeouts.quick).json()
-        if not isinstance(data, list):
-            raise ServerError(f"{self.base_url}/slots did not return a list")
+        response = self._call("GET", "/slots", timeout=self.timeouts.quick)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise ServerError(f"{self.base_url}/slots answered with invalid JSON") from exc
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            raise ServerError(f"{self.base_url}/slots did not return a list of slots")
         return data
 
     def apply_template(self, body: dict[str, Any]) -> str:

@@ -112,19 +112,41 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
     runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
     runner.start()
     try:
-        bad = httpx.post(f"{runner.url}/v1/report", content=b"{nope")
+        as_json = {"Content-Type": "application/json"}
+        bad = httpx.post(f"{runner.url}/v1/report", content=b"{nope", headers=as_json)
         assert bad.status_code == 400 and "bad report" in bad.json()["error"]
         wrong = httpx.post(f"{runner.url}/v1/report", json={"fingerprint": "x", "cache_n": "many", "prompt_n": 1})
         assert wrong.status_code == 400
-        garbage = httpx.post(f"{runner.url}/v1/prepare", content=b"\x00\x01garbage")
+        garbage = httpx.post(f"{runner.url}/v1/prepare", content=b"\x00\x01garbage", headers=as_json)
         assert garbage.status_code == 200 and garbage.json()["action"] == "skipped"
         assert httpx.get(f"{runner.url}/nope").status_code == 404
         host, port = runner.httpd.server_address[:2]
         with socket.create_connection((str(host), port)) as sock:
-            sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+            sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 999999999\r\n\r\n")
             head = sock.recv(4096).decode()
         assert head.startswith("HTTP/1.1 413")
+        with socket.create_connection((str(host), port)) as sock:
+            sock.sendall(b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n")
+            answer = sock.recv(4096).decode()
+        assert answer.count("HTTP/1.1 ") == 1 and answer.startswith("HTTP/1.1 411")
         assert httpx.get(f"{runner.url}/health").status_code == 200  # still serving
+    finally:
+        runner.stop()
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({"Origin": "https://evil.example", "Content-Type": "application/json"}, 403),
+    ({"Host": "evil.example:8765", "Content-Type": "application/json"}, 403),
+    ({"Content-Type": "text/plain"}, 415),
+])
+def test_browsers_and_rebound_names_are_refused(headers: dict, status: int) -> None:
+    runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
+    runner.start()
+    try:
+        answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), headers=headers)
+        assert answer.status_code == status, answer.text
+        assert runner.preparer.status()["counters"]["skipped"] == 0  # never reached the preparer
     finally:
         runner.stop()
 

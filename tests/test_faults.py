@@ -128,3 +128,12 @@ def test_failed_save_fails_open_and_leaves_no_file(llama_server, fault: str) -> 
     slot_dir: Path = preparer.settings.slot_dir
     assert not list(slot_dir.glob("oc-prefix-*"))  # neither a file nor a .part left behind
     assert not preparer.settings.index_path.exists()
+
+
+@pytest.mark.parametrize("answer", [b"<html>proxy error</html>", b"[1, 2]", b'{"slots": []}'])
+def test_the_restart_watch_survives_garbage_slots_answers(answer: bytes) -> None:
+    url = "http://127.0.0.1:9"
+    preparer = make_preparer(url)
+    with respx.mock(base_url=url) as mock:
+        mock.get("/slots").respond(200, content=answer)
+        preparer.watch()  # must not raise: the daemon's watcher thread would die

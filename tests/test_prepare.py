@@ -340,3 +340,34 @@ def test_kv_cache_type_from_the_servers_flags_moves_the_fingerprint(prep) -> Non
     _, rig2 = prep("qwen3", extra_args=("-ctk", "q8_0"))
     quantised = rig2.prepare(PROJ_A)
     assert quantised.action == "warmed" and quantised.fingerprint != plain.fingerprint
+
+
+def test_another_conversation_going_on_is_left_to_the_server(prep) -> None:
+    """A's later turn after B took the slot: restoring the head would wipe B's and A's own
+    cached state for 7k tokens, so ocpc leaves the slot alone (the server's cache decides)."""
+    server, rig = prep("qwen35")
+    rig.prepare(PROJ_A, session="ses_a")
+    chat(server.url, capture(PROJ_A))
+    assert rig.prepare(PROJ_B, session="ses_b").action == "restored"
+    chat(server.url, capture(PROJ_B))
+    rig.transport.calls.clear()
+    turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
+    assert turn2.action == "skipped" and "conversation going on" in turn2.reason, turn2
+    assert not [c for c in rig.transport.calls if "action=" in c or "/completion" in c]  # slot untouched
+
+
+def test_a_failed_warm_leaves_no_stale_view_behind(prep) -> None:
+    import respx
+
+    server, rig = prep("qwen3")
+    first = rig.prepare(PROJ_A, session="ses_a")
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post(url__regex=rf"{server.url}/slots/0\?action=save").respond(500, json={"error": {"message": "disk"}})
+        mock.route().pass_through()
+        failed = rig.prepare(other, session="ses_x")
+    assert failed.action == "failed", failed
+    again = rig.prepare(PROJ_B, session="ses_b")  # the slot holds the other head now, not A's
+    assert again.action == "restored" and again.fingerprint == first.fingerprint, again
+    assert_served(chat(server.url, capture(PROJ_B)), again)
