@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,8 +53,9 @@ class Daemon:
         self.preparer = Preparer(settings=settings, client=self.client, store=self.store,
                                  server_binary=server_binary,
                                  runtime=read_runtime(settings, port_) if port_ else None)
+        server_class = _Server6 if ":" in host else _Server
         try:
-            self.httpd = _Server((host, settings.daemon_port if port is None else port), _Handler)
+            self.httpd = server_class((host, settings.daemon_port if port is None else port), _Handler)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port or settings.daemon_port}: {exc}") from exc
         self.httpd.daemon = self
@@ -66,7 +68,8 @@ class Daemon:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        host = str(host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def serve_forever(self) -> None:
         if not self._watcher.is_alive():
@@ -129,6 +132,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     daemon: Daemon
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -61,6 +61,8 @@ def parse_body(raw: bytes) -> ChatBody:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequestBody(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestBody("body is nested too deeply to be a chat request") from exc
     if not isinstance(data, dict):
         raise BadRequestBody(f"body is a JSON {type(data).__name__}, not an object")
     messages = data.get("messages")

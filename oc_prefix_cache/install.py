@@ -62,7 +62,8 @@ def normalise_base_url(url: str) -> str:
         url = url[:-3]
     scheme, _, rest = url.partition("://")
     host, slash, path = rest.partition("/")
-    host = host.lower().replace("localhost", "127.0.0.1")
+    name, colon, port = host.lower().partition(":")
+    host = ("127.0.0.1" if name == "localhost" else name) + colon + port
     return f"{scheme.lower()}://{host}{slash}{path}".rstrip("/")
 
 

@@ -170,3 +170,13 @@ def test_the_daemon_notices_a_server_restart_by_itself(llama_server) -> None:
         assert turn2["action"] == "restored", turn2
     finally:
         runner.stop()
+
+
+def test_daemon_listens_on_ipv6_loopback_too() -> None:
+    runner = Daemon(settings=settings_for("http://127.0.0.1:9"), host="::1", port=0)
+    runner.start()
+    try:
+        assert runner.url.startswith("http://[::1]:")
+        assert httpx.get(f"{runner.url}/health").json()["status"] == "ok"
+    finally:
+        runner.stop()

@@ -148,3 +148,8 @@ def test_tools_and_head_text_move_the_fingerprint() -> None:
 
 def test_slot_count_does_not_move_the_fingerprint() -> None:
     assert fingerprint(inputs(server=replace(SERVER, total_slots=4))) == fingerprint(inputs())
+
+
+def test_deeply_nested_body_is_a_clear_error() -> None:
+    with pytest.raises(BadRequestBody, match="nested"):
+        parse_body(b"[" * 100_000 + b"]" * 100_000)

@@ -146,3 +146,7 @@ def test_reinstall_after_user_edits_keeps_them_on_uninstall(tmp_path: Path) -> N
     uninstall(Settings.from_env(), config_path=config)
     final = jsonc.loads(config.read_text())
     assert final == {"theme": "dark", "model": "llamacpp/big"}
+
+
+def test_only_the_host_localhost_is_rewritten() -> None:
+    assert normalise_base_url("http://mylocalhost.example:8080/v1") == "http://mylocalhost.example:8080"
