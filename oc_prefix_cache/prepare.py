@@ -42,7 +42,7 @@ from .gc import run_gc
 from .head import ChatBody, Head, Skip, extends, extract_head, harness_of, parse_body
 from .locks import file_lock
 from .render import render_head
-from .server_info import gather_identity, server_argv
+from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import file_digest, read_header, slot_filename
@@ -254,9 +254,11 @@ class Preparer:
                 reason, exact = self._restore_gated(plan, slot, path)
                 return done("restored", reason, exact=exact)
             except _GateFailed as failure:
+                step = flag_value(self._server_argv() or [], ("--checkpoint-min-step", "-cms"))
                 log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding",
-                          path.name, failure, likely_cause(hybrid=server.hybrid, build_info=server.build,
-                                                           head_tokens=n, checkpoint_min_step=None))
+                          path.name, failure, likely_cause(
+                              hybrid=server.hybrid, build_info=server.build, head_tokens=n,
+                              checkpoint_min_step=int(step) if step and step.isdigit() else None))
                 with self._guard:
                     self.stats.counters["gate_failed"] += 1
                 self._erase_quietly(slot)
