@@ -146,7 +146,7 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
 
     url = f"http://{host}:{port}"
     server = Supervised(name="llama-server", argv=argv, health_url=f"{url}/health",
-                        log_path=settings.log_dir / f"llama-server-{port}.log")
+                        log_path=settings.log_dir / f"llama-server-{port}.log", die_with_parent=True)
     daemon: Daemon | None = None
     try:
         with launch_lock(settings, port):

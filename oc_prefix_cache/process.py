@@ -7,6 +7,7 @@ fails fast, with the tail of the child's log, if the child exits instead of gett
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import os
 import signal
@@ -19,6 +20,9 @@ from pathlib import Path
 import httpx
 
 from .errors import ProcessError
+
+
+PR_SET_PDEATHSIG = 1
 
 
 class State(enum.Enum):
@@ -37,6 +41,7 @@ class Supervised:
     health_url: str
     log_path: Path
     env: dict[str, str] | None = None
+    die_with_parent: bool = False  # Linux: SIGTERM the child if this process is killed outright
     state: State = State.STOPPED
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -56,6 +61,7 @@ class Supervised:
                 self.proc = subprocess.Popen(
                     list(self.argv), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
+                    preexec_fn=_term_with_parent if self.die_with_parent else None,
                 )
             except OSError as exc:
                 self.state = State.STOPPED
@@ -129,3 +135,16 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _term_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM us when our parent dies.
+
+    Signals cover Ctrl-C, SIGTERM and a closed terminal; this covers a SIGKILL of the
+    launcher, which would otherwise leave llama-server holding the port and the GPU.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the signal handlers still stop the child

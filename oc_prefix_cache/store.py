@@ -128,6 +128,7 @@ class Store:
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp, self.index_path)
+                _fsync_dir(self.index_path.parent)  # the rename itself survives a crash
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -141,3 +142,11 @@ class Store:
             change(index)
             self.save(index)
             return index
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

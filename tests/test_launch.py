@@ -91,3 +91,27 @@ def test_build_advice() -> None:
     assert "unknown" in build_advice("0.6.0-dev (build 0, commit unknown)")
     assert "older than" in build_advice("b11434-abcdef")
     assert build_advice("b11600-abc") is None
+
+
+@pytest.mark.rig
+def test_a_killed_launcher_leaves_no_server_behind(models, tmp_path: Path) -> None:
+    port, daemon_port = free_port(), free_port()
+    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port)}
+    home = Path(env["OC_PREFIX_CACHE_HOME"])
+    server_pid = None
+    with open(tmp_path / "launch.log", "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m", str(models["qwen3"])],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        runtime = home / f"server-{port}.json"
+        wait_for(runtime.exists)
+        server_pid = json.loads(runtime.read_text())["pid"]
+        launcher.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
+        launcher.wait(timeout=10)
+        wait_for(lambda: not alive(server_pid), timeout=15)
+    finally:
+        if launcher.poll() is None:
+            stop_group(launcher, grace=5)
+        if server_pid is not None and alive(server_pid):  # the orphan, if the feature failed
+            os.kill(server_pid, signal.SIGKILL)
