@@ -140,7 +140,7 @@ class Preparer:
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
         result.elapsed_ms = (time.perf_counter() - started) * 1000
-        self._record(result, headers)
+        self._record(result)
         return result
 
     def report(self, *, fingerprint: str, cache_n: int, prompt_n: int) -> dict[str, Any]:
@@ -491,15 +491,13 @@ class Preparer:
         finally:
             lock.release()
 
-    def _record(self, result: PrepareResult, headers: Mapping[str, str]) -> None:
+    def _record(self, result: PrepareResult) -> None:
         with self._guard:
             self.stats.counters[result.action] += 1
             if result.fingerprint:
                 self._last[result.fingerprint] = result
             self.stats.events.append(result.to_json() | {"at": time.time()})
-        level = logging.INFO if result.action in ("hit", "skipped") else logging.WARNING
-        if result.action in ("restored", "warmed"):
-            level = logging.INFO
+        level = logging.WARNING if result.action == "failed" else logging.INFO
         log.log(level, "%s %s %d tokens %.1f ms: %s", result.action, result.fingerprint,
                 result.prefix_tokens, result.elapsed_ms, result.reason)
 
