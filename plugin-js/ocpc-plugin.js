@@ -118,9 +118,12 @@ function cleanSettings(defaults, given) {
 // ---------------------------------------------------------------------------------------
 // Log: one JSON line per event, appended in order, never the body or Authorization.
 
+// One old generation is kept: the log stays under about twice this size.
+const MAX_LOG_BYTES = 5 * 1024 * 1024;
+
 function makeLogger(file) {
   if (!file) return () => {};
-  let chain = Promise.resolve();
+  let chain = rotateIfLarge(file);
   return (event) => {
     let line;
     try {
@@ -131,6 +134,16 @@ function makeLogger(file) {
     // Chained so lines keep their order; a failing disk only loses log lines.
     chain = chain.then(() => fsp.appendFile(file, line)).catch(() => {});
   };
+}
+
+// Checked when a plugin instance starts (each OpenCode start), not per line.
+async function rotateIfLarge(file) {
+  try {
+    const { size } = await fsp.stat(file);
+    if (size > MAX_LOG_BYTES) await fsp.rename(file, `${file}.1`);
+  } catch {
+    // no log yet, or it cannot be moved: keep appending
+  }
 }
 
 // ---------------------------------------------------------------------------------------

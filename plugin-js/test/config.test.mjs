@@ -203,3 +203,14 @@ async function waitForLines(file, predicate, ms = 2000) {
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+test("a plugin log over 5 MB is rotated when the plugin starts", async () => {
+  const { existsSync } = await import("node:fs");
+  const logFile = join(TMP, "rotate-plugin.jsonl");
+  writeFileSync(logFile, "x".repeat(5 * 1024 * 1024 + 1));
+  await plugin.OcPrefixCache({ directory: "/tmp", __ocpcSettings: { logFile } });
+  for (let i = 0; i < 50 && !existsSync(`${logFile}.1`); i++) await new Promise((r) => setTimeout(r, 20));
+  for (let i = 0; i < 50 && !existsSync(logFile); i++) await new Promise((r) => setTimeout(r, 20));
+  assert.ok(existsSync(`${logFile}.1`), "the old log was kept as .1");
+  assert.ok(readFileSync(logFile, "utf8").includes('"ev":"init"'), "a new log started");
+});
