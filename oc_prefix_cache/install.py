@@ -23,6 +23,7 @@ from typing import Any
 
 from . import jsonc
 from .errors import OcpcError
+from .files import write_atomic
 from .settings import Settings
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent.parent / "plugin-js" / "ocpc-plugin.js"
@@ -146,7 +147,7 @@ def install(settings: Settings, *, config_path: Path, base_url: str, provider_id
         jsonc.loads(new_text)  # never write what we could not read back
         _load_records(settings)  # a damaged record file stops us before the config is touched
         backup = _backup(settings, config_path, original) if existed else None
-        _write_atomic(config_path, new_text.encode())
+        write_atomic(config_path, new_text.encode())
         record = InstallRecord(str(config_path), existed, str(backup) if backup else None,
                                hashlib.sha256(new_text.encode()).hexdigest(),
                                [asdict(i) for i in insertions])
@@ -169,17 +170,17 @@ def uninstall(settings: Settings, *, config_path: Path) -> list[str]:
     current = config_path.read_bytes() if config_path.exists() else b""
     if record.restorable and hashlib.sha256(current).hexdigest() == record.written_sha256:
         if record.existed and record.backup:
-            _write_atomic(config_path, Path(record.backup).read_bytes())
+            write_atomic(config_path, Path(record.backup).read_bytes())
             said = [f"restored {config_path} from {record.backup}"]
         else:
             config_path.unlink()
             said = [f"removed {config_path} (ocpc had created it)"]
     else:
         text = _without_insertions(current, record, config_path)
-        _write_atomic(config_path, text.encode())
+        write_atomic(config_path, text.encode())
         said = [f"removed ocpc's entries from {config_path}; your later edits are kept"]
     del records[str(config_path)]
-    _write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
+    write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
     return said
 
 
@@ -223,14 +224,14 @@ def _install_plugin_files(settings: Settings, base_url: str, said: list[str]) ->
     target = folder / PLUGIN_NAME
     source = PLUGIN_SOURCE.read_bytes()
     if not target.exists() or target.read_bytes() != source:
-        _write_atomic(target, source)
+        write_atomic(target, source)
         said.append(f"copied the plugin to {target}")
     plugin_settings = {"daemonUrl": settings.daemon_url, "baseURL": normalise_base_url(base_url),
                        "logFile": str(settings.log_dir / "plugin.jsonl")}
     settings_path = folder / "ocpc-plugin.json"
     data = (json.dumps(plugin_settings, indent=2) + "\n").encode()
     if not settings_path.exists() or settings_path.read_bytes() != data:
-        _write_atomic(settings_path, data)
+        write_atomic(settings_path, data)
         said.append(f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})")
     return target
 
@@ -244,7 +245,7 @@ def _preinstall_plugin_sdk(folder: Path, version: str) -> list[str]:
         return ["npm not found: OpenCode will install @opencode-ai/plugin itself at its first start (slow)"]
     package = folder / "package.json"
     if not package.exists():
-        _write_atomic(package, (json.dumps({"dependencies": {"@opencode-ai/plugin": version}}, indent=2) + "\n").encode())
+        write_atomic(package, (json.dumps({"dependencies": {"@opencode-ai/plugin": version}}, indent=2) + "\n").encode())
     proc = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=folder,
                           capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
@@ -285,18 +286,5 @@ def _save_record(settings: Settings, record: InstallRecord) -> None:
         record.insertions = previous["insertions"] + record.insertions
         record.restorable = False
     records[record.config] = asdict(record)
-    _write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
+    write_atomic(_records_path(settings), json.dumps(records, indent=1).encode())
 
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

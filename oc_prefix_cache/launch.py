@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .daemon import Daemon
 from .errors import ConfigError, ProcessError
+from .files import write_atomic
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .process import Supervised
 from .server_info import runtime_path
@@ -178,7 +179,4 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
 def _write_runtime(settings: Settings, port: int, pid: int | None, binary: Path, argv: list[str], url: str) -> None:
     data = {"pid": pid, "launcher_pid": os.getpid(), "binary": str(binary), "argv": argv, "url": url,
             "started": int(time.time())}
-    path = runtime_path(settings, port)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_atomic(runtime_path(settings, port), json.dumps(data, indent=1).encode())

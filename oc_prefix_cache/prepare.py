@@ -36,11 +36,11 @@ from .errors import (
     SlotRestoreFailed,
     StoreError,
 )
+from .files import file_lock
 from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
 from .gates import header_gate, likely_cause, probe_gate, served_from_head
 from .gc import run_gc
 from .head import ChatBody, Head, Skip, extends, extract_head, harness_of, parse_body
-from .locks import file_lock
 from .render import render_head
 from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings

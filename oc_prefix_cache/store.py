@@ -10,8 +10,6 @@ Format: docs/index-format.md.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -19,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IndexCorrupt, StoreError
-from .locks import file_lock
+from .files import file_lock, write_atomic
 from .slotfile import is_slot_file_name
 
 INDEX_VERSION = 1
@@ -118,20 +116,8 @@ class Store:
 
     def save(self, index: Index) -> None:
         """Atomic replace: readers see the old index or the new one, never half of one."""
-        self.index_path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(index.to_json(), indent=1) + "\n"
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=self.index_path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(text)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, self.index_path)
-                _fsync_dir(self.index_path.parent)  # the rename itself survives a crash
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(self.index_path, (json.dumps(index.to_json(), indent=1) + "\n").encode())
         except OSError as exc:
             raise StoreError(f"cannot write {self.index_path}: {exc}") from exc
 
@@ -143,10 +129,3 @@ class Store:
             self.save(index)
             return index
 
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

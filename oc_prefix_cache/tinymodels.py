@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RigError
-from .locks import file_lock
+from .files import file_lock
 from .rig import Progress, Rig
 
 N_VOCAB = 151_936

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from oc_prefix_cache.head import Head, extract_head, head_body, parse_body
+from oc_prefix_cache.head import Head, extract_head, parse_body
 from oc_prefix_cache.render import render_head
 from oc_prefix_cache.slot_client import SlotClient, Timings
 
@@ -45,8 +45,3 @@ def head_tokens(client: SlotClient, body: dict[str, Any], markers: tuple[str, ..
     assert isinstance(head, Head)
     return list(render_head(client, parsed, head).tokens)
 
-
-def whole_prompt_tokens(client: SlotClient, body: dict[str, Any]) -> list[int]:
-    parsed = parse_body(json.dumps(body).encode())
-    prompt = client.apply_template(head_body(parsed))
-    return [t for t, _ in client.tokenize_pieces(prompt)]

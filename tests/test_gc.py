@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from oc_prefix_cache.gc import DAY, DiskFile, GcPlan, list_slot_dir, plan_gc, run_gc
 from oc_prefix_cache.settings import Settings

@@ -8,7 +8,12 @@ from dataclasses import replace
 import pytest
 
 from oc_prefix_cache.errors import BadRequestBody
-from oc_prefix_cache.fingerprint import FileIdentity, FingerprintInputs, ServerIdentity, fingerprint
+from oc_prefix_cache.fingerprint import (
+    FileIdentity,
+    FingerprintInputs,
+    ServerIdentity,
+    fingerprint,
+)
 from oc_prefix_cache.head import (
     Head,
     Skip,

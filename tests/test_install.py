@@ -10,7 +10,13 @@ from typer.testing import CliRunner
 
 from oc_prefix_cache import jsonc
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.install import InstallError, install, normalise_base_url, plan_edits, uninstall
+from oc_prefix_cache.install import (
+    InstallError,
+    install,
+    normalise_base_url,
+    plan_edits,
+    uninstall,
+)
 from oc_prefix_cache.settings import Settings
 
 URL = "http://127.0.0.1:8080"

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from oc_prefix_cache.errors import ConfigError, IndexCorrupt, SlotFileError
-from oc_prefix_cache.gates import build_number, has_checkpoint_files, header_gate, probe_gate, served_from_head
+from oc_prefix_cache.gates import (
+    build_number,
+    has_checkpoint_files,
+    header_gate,
+    probe_gate,
+    served_from_head,
+)
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
 from oc_prefix_cache.store import Entry, Index, Store

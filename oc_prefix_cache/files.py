@@ -1,8 +1,14 @@
-"""An exclusive, cross-process file lock (flock): one writer at a time, daemons included."""
+"""Files ocpc writes for itself: an exclusive cross-process lock, and atomic writes.
+
+Atomic: a temp file in the same folder, fsync, rename, fsync of the folder, so a reader
+sees the old content or the new, never half, even across a crash.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,3 +48,23 @@ def _flock_within(handle: IO[str], path: Path, timeout: float) -> None:
             if time.monotonic() >= deadline:
                 raise LockTimeout(f"{path} is held by another ocpc process for over {timeout:.0f} s") from None
             time.sleep(0.05)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically; OSError on failure, nothing half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a crash
+    finally:
+        os.close(folder)
