@@ -23,25 +23,59 @@ from .errors import SlotFileError
 MAGIC = 0x67677371  # 'ggsq'
 SUPPORTED_VERSIONS = frozenset({4})
 MAX_PACKED = 16 * 1024 * 1024  # more header values than any context holds: a damaged count
+
+#: The kinds of file ocpc writes in the slot folder, and their name prefixes.
+#: head: a harness's stable head (tools + system text up to the first volatile marker);
+#: proj: a project's whole system prompt for one day; conv: a parked conversation.
+KIND_PREFIX = {"head": "oc-prefix", "proj": "oc-proj", "conv": "oc-conv"}
+_PREFIX_KIND = {v: k for k, v in KIND_PREFIX.items()}
 # Matched with fullmatch only: `$` would also accept a trailing newline.
-FILE_RE = re.compile(r"oc-prefix-([0-9a-f]{16})\.bin")
+FILE_RE = re.compile(r"(oc-prefix|oc-proj|oc-conv)-([0-9a-f]{16})\.bin")
+#: A save in progress: the final name, a dot, 8 hex of a per-save random tag, ``.part``.
+#: The tag keeps two servers (or daemons) saving the same key from writing one temp file.
+PART_RE = re.compile(r"((?:oc-prefix|oc-proj|oc-conv)-[0-9a-f]{16}\.bin)\.([0-9a-f]{8})\.part")
+#: ``ocpc doctor`` proves where saves land with a file of this name (its pid inside).
+DOCTOR_RE = re.compile(r"ocpc-doctor-(\d+)\.bin")
 
 
 def is_slot_file_name(name: str) -> bool:
-    """True only for names ocpc writes: ``oc-prefix-<16 lower-case hex>.bin``, nothing else."""
+    """True only for names ocpc writes as finished files, of any kind; nothing else."""
     return FILE_RE.fullmatch(name) is not None
 
 
-def slot_filename(fingerprint: str) -> str:
-    name = f"oc-prefix-{fingerprint}.bin"
+def slot_filename(key: str, kind: str = "head") -> str:
+    prefix = KIND_PREFIX.get(kind)
+    if prefix is None:
+        raise ValueError(f"not a slot-file kind: {kind!r}")
+    name = f"{prefix}-{key}.bin"
     if not is_slot_file_name(name):
-        raise ValueError(f"not a fingerprint: {fingerprint!r}")
+        raise ValueError(f"not a key: {key!r}")
     return name
 
 
 def fingerprint_of(filename: str) -> str | None:
-    """The fingerprint in an ocpc slot file name, or None for any other file."""
+    """The 16-hex key in an ocpc slot file name (any kind), or None for any other file."""
     match = FILE_RE.fullmatch(filename)
+    return match.group(2) if match else None
+
+
+def kind_of(filename: str) -> str | None:
+    """``head``, ``proj`` or ``conv`` for an ocpc slot file name, else None."""
+    match = FILE_RE.fullmatch(filename)
+    return _PREFIX_KIND[match.group(1)] if match else None
+
+
+def part_name(final: str, tag: str) -> str:
+    """The temp name a save writes before its rename to ``final`` (tag: 8 hex digits)."""
+    name = f"{final}.{tag}.part"
+    if PART_RE.fullmatch(name) is None:
+        raise ValueError(f"not a temp name: {name!r}")
+    return name
+
+
+def part_target(name: str) -> str | None:
+    """The final file name a temp file was saving, or None when ``name`` is not ours."""
+    match = PART_RE.fullmatch(name)
     return match.group(1) if match else None
 
 

@@ -18,13 +18,17 @@ from typing import Any
 
 from .errors import IndexCorrupt, StoreError
 from .files import file_lock, write_atomic
-from .slotfile import is_slot_file_name
+from .slotfile import kind_of
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had heads only; its entries read as kind "head"
+KINDS = ("head", "proj", "conv")
 
 
 @dataclass
 class Entry:
+    """One file in the slot folder. Heads are keyed by fingerprint, parks by their own id."""
+
     file: str
     bytes: int
     prefix_tokens: int
@@ -34,6 +38,12 @@ class Entry:
     server_build: str
     harness: str
     xxh64: str = ""  # of the whole file at save time: catches damage the probe cannot see
+    kind: str = "head"  # head | proj (a project's system prompt, one day) | conv (a parked conversation)
+    identity: str = ""  # server/model/template identity digest: parks are looked up under it only
+    head: str = ""  # proj/conv: the head fingerprint the file extends
+    session: str = ""  # conv: the conversation's session id, when the harness sends one
+    chain: list[str] = field(default_factory=list)  # proj/conv: digests of the messages covered, in order
+    expires: int = 0  # unix seconds after which the file is useless (proj: the end of its day); 0 never
 
 
 @dataclass
@@ -50,16 +60,16 @@ class Index:
 
     @classmethod
     def from_json(cls, data: Any, *, source: str) -> Index:
-        if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
-            raise IndexCorrupt(f"{source}: not a version-{INDEX_VERSION} ocpc index")
+        if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
+            raise IndexCorrupt(f"{source}: not an ocpc index of version {' or '.join(map(str, READABLE_VERSIONS))}")
         entries_raw, current_raw = data.get("entries"), data.get("current", {})
         if not isinstance(entries_raw, dict) or not isinstance(current_raw, dict):
             raise IndexCorrupt(f"{source}: 'entries' and 'current' must be objects")
         entries: dict[str, Entry] = {}
         for fp, raw in entries_raw.items():
             entry = _entry(raw, fp, source)
-            if not is_slot_file_name(entry.file):
-                raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc slot file")
+            if kind_of(entry.file) != entry.kind:
+                raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc {entry.kind} file")
             entries[fp] = entry
         current = {str(k): str(v) for k, v in current_raw.items()}
         return cls(entries=entries, current=current)
@@ -74,10 +84,14 @@ def _entry(raw: Any, fp: str, source: str) -> Entry:
     except TypeError as exc:
         raise IndexCorrupt(f"{source}: entry {fp!r} is malformed ({exc})") from exc
     for name, kind in (("file", str), ("bytes", int), ("prefix_tokens", int), ("created", int),
-                       ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str)):
+                       ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str),
+                       ("kind", str), ("identity", str), ("head", str), ("session", str), ("chain", list),
+                       ("expires", int)):
         value = getattr(entry, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise IndexCorrupt(f"{source}: entry {fp!r} has {name}={value!r}, expected {kind.__name__}")
+    if entry.kind not in KINDS or not all(isinstance(d, str) for d in entry.chain):
+        raise IndexCorrupt(f"{source}: entry {fp!r} has kind {entry.kind!r} or a chain that is not strings")
     return entry
 
 

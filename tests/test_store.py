@@ -42,12 +42,12 @@ def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path
 
     store.update(change)
     data = json.loads((tmp_path / "index.json").read_text())
-    assert data["version"] == 1 and data["current"] == {"http://x#slot0": fp}
+    assert data["version"] == 2 and data["current"] == {"http://x#slot0": fp}
     assert store.load().entries[fp] == entry(fp)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index-")] == []
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"version": 2, "entries": {}}', '{"version": 1, "entries": []}',
+@pytest.mark.parametrize("text", ["{", "[]", '{"version": 3, "entries": {}}', '{"version": 1, "entries": []}',
                                   '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
                                   '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
                                   ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
