@@ -7,6 +7,7 @@ The table in docs/configuration.md mirrors ``ENV_VARS`` below.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,9 +31,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_BASE_URL": ("http://127.0.0.1:8080", "the llama-server to keep warm"),
     "OC_PREFIX_CACHE_SLOT": ("0", "the server slot that holds the head"),
-    "OC_PREFIX_CACHE_TTL_DAYS": ("30", "gc keeps files used within this many days"),
-    "OC_PREFIX_CACHE_KEEP_RECENT": ("3", "gc always keeps this many most recent files"),
-    "OC_PREFIX_CACHE_MAX_GB": ("off", "gc trims oldest files above this total size"),
+    "OC_PREFIX_CACHE_TTL_DAYS": ("30", "gc keeps heads used within this many days"),
+    "OC_PREFIX_CACHE_KEEP_RECENT": ("3", "gc always keeps this many most recent heads"),
+    "OC_PREFIX_CACHE_MAX_GB": (
+        "20",
+        "gc trims least recently used heads and project heads above this total (GB, or off)",
+    ),
+    "OC_PREFIX_CACHE_PARK_TTL_HOURS": ("48", "gc keeps parked conversations used within this many hours"),
+    "OC_PREFIX_CACHE_PARK_MAX_GB": (
+        "10",
+        "gc trims least recently used parked conversations above this total (GB, or off)",
+    ),
     "OC_PREFIX_CACHE_MARKERS": (
         "<env>",
         "comma-separated volatile markers; the head ends at the earliest one",
@@ -58,7 +67,9 @@ class Settings:
     slot: int
     ttl_days: float
     keep_recent: int
-    max_gb: float | None
+    max_gb: float | None  # heads and project heads; None: no cap
+    park_ttl_hours: float
+    park_max_gb: float | None  # parked conversations; None: no cap
     markers: tuple[str, ...]
     daemon_host: str
     daemon_port: int
@@ -104,7 +115,9 @@ class Settings:
             slot=_int(env, "OC_PREFIX_CACHE_SLOT", 0, minimum=0),
             ttl_days=_float(env, "OC_PREFIX_CACHE_TTL_DAYS", 30.0),
             keep_recent=_int(env, "OC_PREFIX_CACHE_KEEP_RECENT", 3, minimum=0),
-            max_gb=_optional_float(env, "OC_PREFIX_CACHE_MAX_GB"),
+            max_gb=_optional_float(env, "OC_PREFIX_CACHE_MAX_GB", 20.0),
+            park_ttl_hours=_float(env, "OC_PREFIX_CACHE_PARK_TTL_HOURS", 48.0),
+            park_max_gb=_optional_float(env, "OC_PREFIX_CACHE_PARK_MAX_GB", 10.0),
             markers=_markers(env.get("OC_PREFIX_CACHE_MARKERS", "<env>")),
             daemon_host=host,
             daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
@@ -128,6 +141,8 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite, non-negative number. ``nan`` and ``inf`` parse as floats but break every
+    age comparison (``age <= nan`` is False: gc would delete a file used an hour ago)."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -135,21 +150,29 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number (default {default:g})") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not a finite number; give a plain number (default {default:g})")
     if value < 0:
         raise ConfigError(f"{name}={raw!r} must not be negative (default {default:g})")
     return value
 
 
-def _optional_float(env: Mapping[str, str], name: str) -> float | None:
+def _optional_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    """A positive, finite size, or None for ``off`` (also ``none`` and ``0``); unset: ``default``."""
     raw = env.get(name, "").strip().lower()
-    if raw in ("", "off", "none", "0"):
+    shown = "off" if default is None else f"{default:g}"
+    if raw == "":
+        return default
+    if raw in ("off", "none", "0"):
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: give a size in GB, or 'off'") from None
+        raise ConfigError(f"{name}={raw!r}: give a size in GB, or 'off' (default {shown})") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not a finite number: give a size in GB, or 'off' (default {shown})")
     if value <= 0:
-        raise ConfigError(f"{name}={raw!r}: give a positive size in GB, or 'off'")
+        raise ConfigError(f"{name}={raw!r}: give a positive size in GB, or 'off' (default {shown})")
     return value
 
 

@@ -1,4 +1,4 @@
-"""index.json, slot-file headers, settings, gates: the small pieces with their own rules."""
+"""index.json, slot-file headers, gates: the small pieces with their own rules (settings: test_settings.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oc_prefix_cache.errors import ConfigError, IndexCorrupt, SlotFileError
+from oc_prefix_cache.errors import IndexCorrupt, SlotFileError
 from oc_prefix_cache.gates import (
     build_number,
     has_checkpoint_files,
@@ -17,7 +17,6 @@ from oc_prefix_cache.gates import (
     probe_gate,
     served_from_head,
 )
-from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
 from oc_prefix_cache.store import Entry, Index, Store
 
@@ -125,25 +124,3 @@ def test_gates() -> None:
     assert served_from_head(cache_n=7145, prefix_tokens=7145) and not served_from_head(cache_n=0, prefix_tokens=7145)
     assert build_number("b11434-abc") == 11434 and build_number("b0-unknown") is None
     assert has_checkpoint_files("b11500") and not has_checkpoint_files("b0-unknown")
-
-
-def test_settings_defaults_and_overrides(tmp_path: Path) -> None:
-    s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path)})
-    assert s.slot_dir == tmp_path / "slots" and s.index_path == tmp_path / "index.json"
-    assert (s.slot, s.ttl_days, s.keep_recent, s.max_gb, s.markers) == (0, 30.0, 3, None, ("<env>",))
-    s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path), "OC_PREFIX_CACHE_SLOT_DIR": "/srv/slots",
-                           "OC_PREFIX_CACHE_MAX_GB": "2.5", "OC_PREFIX_CACHE_MARKERS": "<env>, <dir>",
-                           "OC_PREFIX_CACHE_BASE_URL": "http://h:1/"})
-    assert s.slot_dir == Path("/srv/slots") and s.max_gb == 2.5 and s.markers == ("<env>", "<dir>")
-    assert s.base_url == "http://h:1"
-
-
-@pytest.mark.parametrize(("name", "value", "needle"), [
-    ("OC_PREFIX_CACHE_SLOT", "x", "whole number"), ("OC_PREFIX_CACHE_SLOT", "-1", ">= 0"),
-    ("OC_PREFIX_CACHE_MAX_GB", "lots", "GB"), ("OC_PREFIX_CACHE_TTL_DAYS", "-3", "negative"),
-    ("OC_PREFIX_CACHE_MARKERS", " , ", "empty"), ("OC_PREFIX_CACHE_DAEMON_HOST", "0.0.0.0", "loopback"),
-])
-def test_bad_settings_name_the_variable(name: str, value: str, needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle) as info:
-        Settings.from_env({name: value})
-    assert name in str(info.value)
