@@ -354,8 +354,11 @@ def gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go, and why; delete nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Delete old slot files: never a current one, never a file not named like ours."""
+    """Delete old heads, project heads, parked conversations, dead temp files and doctor probes:
+    never a current one, never a file not named like ours."""
     from dataclasses import asdict
+
+    from rich.markup import escape
 
     from .gc import run_gc
 
@@ -364,16 +367,16 @@ def gc(
         if as_json:
             print_json(asdict(plan) | {"dry_run": dry_run, "bytes_freed": plan.bytes_freed})
         else:
-            out = Console(highlight=False)
+            out = Console(highlight=False, soft_wrap=True)  # one line per file, whatever the width
             if plan.disabled:
-                out.print(f"[red]cleanup is off:[/red] {plan.disabled}")
+                out.print(f"[red]cleanup is off:[/red] {escape(plan.disabled)}")
             for d in plan.decisions:
                 verb = ("would delete" if dry_run else "deleted") if d.action == "delete" else "keep"
-                out.print(f"{verb:12} {d.fingerprint}  {d.bytes / 1e6:8.1f} MB  {d.reason}")
+                out.print(f"{verb:12} {d.kind:6} {escape(d.name)}  {d.bytes / 1e6:8.1f} MB  {escape(d.reason)}")
             for name in plan.ignored:
-                out.print(f"{'not ours':12} {name}")
+                out.print(f"{'not ours':12} {escape(name)}")
             for warning in plan.warnings:
-                out.print(f"[yellow]warning:[/yellow] {warning}")
+                out.print(f"[yellow]warning:[/yellow] {escape(warning)}")
             out.print(f"{len(plan.to_delete)} file(s), {plan.bytes_freed / 1e6:,.1f} MB "
                       f"{'would be ' if dry_run else ''}freed; {plan.bytes_after / 1e6:,.1f} MB left")
         if plan.disabled:

@@ -1,10 +1,27 @@
-"""``ocpc gc``: decide which slot files to delete, then delete them under the index lock.
+"""``ocpc gc``: decide which of ocpc's files to delete, then delete them under the index lock.
 
 ``plan_gc`` is the whole policy and does no I/O, so every rule is testable on made-up
-folders. ``run_gc`` lists the folder, loads the index, and applies the plan. What is never
-deleted, whatever the settings: anything not named ``oc-prefix-<16 hex>.bin``, anything
-that is not a regular file (a symlink is never followed), and a current fingerprint.
-A corrupt index turns cleanup off: without it we cannot tell what is current.
+folders. ``run_gc`` lists the folder, loads the index, and applies the plan.
+
+ocpc writes five kinds of file in the slot folder, each with its own rule:
+
+- ``head`` (``oc-prefix-<16 hex>.bin``): kept while used within the TTL (days), plus the
+  ``keep_recent`` most recent; orphans (no index entry) go once older than the TTL;
+- ``proj`` (``oc-proj-<16 hex>.bin``, a project's system prompt for one day): kept until
+  its entry's ``expires``; an orphan goes after a day;
+- ``conv`` (``oc-conv-<16 hex>.bin``, a parked conversation): kept while used within the
+  park TTL (hours), with its own size cap; orphans go once older than the park TTL;
+- ``part`` (``<final name>.<8 hex>.part``, a save in progress): gone after an hour, since a
+  file still being written has a fresh mtime;
+- ``doctor`` (``ocpc-doctor-<pid>.bin``, ``ocpc doctor``'s probe): gone once its process is
+  not running and it is ten minutes old.
+
+Heads and project heads share one size cap, parked conversations have their own; each is
+trimmed least recently used first. What is never deleted, whatever the settings: any other
+name, anything that is not a regular file (a symlink is never followed), and a current key.
+A corrupt index, or a slot folder that cannot be listed, turns cleanup off for the run:
+without the index we cannot tell what is current; without the listing (a disk not mounted)
+every entry would look like a deleted file.
 """
 
 from __future__ import annotations
@@ -12,22 +29,31 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from .errors import IndexCorrupt, StoreError
 from .settings import Settings
-from .slotfile import fingerprint_of, is_slot_file_name
-from .store import Index, Store
+from .slotfile import DOCTOR_RE, PART_RE, fingerprint_of, kind_of, part_target
+from .store import Entry, Index, Store
 
+HOUR = 3600.0
 DAY = 86400.0
 GB = 10**9  # decimal, like disk vendors and df -H
+PART_MAX_AGE = HOUR  # a save in progress is never that old: its mtime moves as it is written
+DOCTOR_MAX_AGE = 600.0  # ocpc doctor deletes its probe within seconds; this one was left behind
+PROJ_ORPHAN_AGE = DAY  # a project head lives one day; without an entry nothing can use it
+MAX_PID = 1 << 22  # Linux pid_max's ceiling: a larger number in a name is no live process
 
 Action = Literal["keep", "delete"]
+Kind = Literal["head", "proj", "conv", "part", "doctor"]
+FINISHED: tuple[Kind, ...] = ("head", "proj", "conv")
+_FINISHED_KIND: dict[str, Kind] = {k: k for k in FINISHED}
 #: Which rule decided; ``reason`` says the same for people.
-Rule = Literal["current", "ttl", "recent", "expired", "orphan", "cap", "disabled", "skipped"]
+Rule = Literal["current", "ttl", "recent", "expired", "orphan", "cap", "stale", "in_progress",
+               "disabled", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -43,23 +69,24 @@ class DiskFile:
 @dataclass(frozen=True)
 class Decision:
     name: str
-    fingerprint: str
+    kind: Kind
+    fingerprint: str  # the name's 16-hex key (a temp file: its target's); "" for a doctor probe
     bytes: int
     action: Action
     rule: Rule
     reason: str
-    used_at: float  # the entry's last_used, or the file's mtime for an orphan
+    used_at: float  # the entry's last_used, or the file's mtime when there is no entry
 
 
 @dataclass(frozen=True)
 class GcPlan:
-    decisions: tuple[Decision, ...]  # one per ocpc slot file, by name
+    decisions: tuple[Decision, ...]  # one per file ocpc writes (any kind), by name
     ignored: tuple[str, ...]  # other names in the folder, and non-regular files: never touched
-    orphans: tuple[str, ...]  # slot files no index entry names
+    orphans: tuple[str, ...]  # finished files no index entry names
     missing: tuple[str, ...]  # index keys whose file is not in the folder (dropped on apply)
     disabled: str | None  # why nothing is deleted this run, or None
     warnings: tuple[str, ...]
-    bytes_on_disk: int  # ocpc slot files only
+    bytes_on_disk: int  # ocpc's files only
     bytes_after: int
     applied: bool = False  # True once run_gc has deleted and saved (not for a dry run)
 
@@ -72,76 +99,231 @@ class GcPlan:
         return self.bytes_on_disk - self.bytes_after
 
 
+def name_kind(name: str) -> Kind | None:
+    """Which kind of ocpc file ``name`` is, or None for every name ocpc does not write."""
+    kind = _FINISHED_KIND.get(kind_of(name) or "")
+    if kind is not None:
+        return kind
+    if PART_RE.fullmatch(name):
+        return "part"
+    return "doctor" if doctor_pid(name) is not None else None
+
+
+def doctor_pid(name: str) -> int | None:
+    """The pid in a doctor probe's name (ASCII digits only: ``\\d`` also takes other scripts)."""
+    match = DOCTOR_RE.fullmatch(name)
+    if match is None or not match.group(1).isascii():
+        return None
+    return int(match.group(1))
+
+
 def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str | None,
-            now: float, ttl_days: float, keep_recent: int, max_bytes: int | None) -> GcPlan:
-    """Pure policy: the same inputs always give the same plan (see the module docstring)."""
-    ours = sorted((f for f in files if f.regular and is_slot_file_name(f.name)), key=lambda f: f.name)
+            listing_error: str | None, now: float, ttl_days: float, keep_recent: int,
+            max_bytes: int | None, park_ttl_hours: float, park_max_bytes: int | None,
+            live_pids: Collection[int]) -> GcPlan:
+    """Pure policy: the same inputs always give the same plan (see the module docstring).
+
+    ``live_pids``: which doctor-probe pids are running (the caller asks the system).
+    """
+    ours = sorted((f for f in files if f.regular and name_kind(f.name)), key=lambda f: f.name)
     ignored = tuple(sorted(f.name for f in files if f not in ours))
     total = sum(f.bytes for f in ours)
-    if index is None or index_error is not None:
-        why = f"index.json is unreadable ({index_error or 'no index given'}): "
-        why += "cleanup is off until it is fixed or moved away"
+    why = _why_disabled(index, index_error, listing_error)
+    if index is None or why is not None:
         kept = tuple(_decide(f, "keep", "disabled", "cleanup is off this run", f.mtime) for f in ours)
         return GcPlan(kept, ignored, (), (), why, (), total, total)
 
+    view = _IndexView.of(index)
     present = {f.name for f in files}  # any kind: a symlinked entry is not "missing"
-    keys_of: dict[str, list[str]] = {}
-    for key, entry in index.entries.items():
-        keys_of.setdefault(entry.file, []).append(key)
     missing = tuple(sorted(k for k, e in index.entries.items() if e.file not in present))
-    slots_of: dict[str, list[str]] = {}
-    for slot, fp in sorted(index.current.items()):
-        slots_of.setdefault(fp, []).append(slot)
+    heads = [f for f in ours if name_kind(f.name) == "head" and f.name in view.keys_of]
+    heads.sort(key=lambda f: (-view.used_at(f), f.name))
+    recent = {f.name for f in heads[: max(keep_recent, 0)]}
+    limits = _Limits(now=now, ttl_days=ttl_days, keep_recent=keep_recent, recent=frozenset(recent),
+                     park_ttl_hours=park_ttl_hours, live_pids=frozenset(live_pids))
+    decided = {f.name: _decide_one(f, view, limits) for f in ours}
 
-    def used_at(f: DiskFile) -> float:
-        keys = keys_of.get(f.name)
-        return max(index.entries[k].last_used for k in keys) if keys else f.mtime
-
-    indexed = sorted((f for f in ours if f.name in keys_of), key=lambda f: (-used_at(f), f.name))
-    recent = {f.name for f in indexed[: max(keep_recent, 0)]}
-    ttl = f"TTL {ttl_days:g} days"
-    decided: dict[str, Decision] = {}
-    for f in ours:
-        fps = [fingerprint_of(f.name) or "", *keys_of.get(f.name, [])]
-        slots = sorted({s for fp in fps for s in slots_of.get(fp, [])})
-        when, age, orphan = used_at(f), now - used_at(f), f.name not in keys_of
-        fresh = age <= ttl_days * DAY
-        if slots:
-            d = _decide(f, "keep", "current", f"current fingerprint of {', '.join(slots)}", when)
-        elif orphan:
-            tail = f"kept until {ttl_days:g} days" if fresh else f"older than the {ttl_days:g}-day TTL"
-            d = _decide(f, "keep" if fresh else "delete", "orphan",
-                        f"orphan (not in the index), {_age(age)} old: {tail}", when)
-        elif fresh:
-            d = _decide(f, "keep", "ttl", f"used {_age(age)} ago ({ttl})", when)
-        elif f.name in recent:
-            d = _decide(f, "keep", "recent",
-                        f"one of the {keep_recent} most recent (unused for {_age(age)})", when)
-        else:
-            d = _decide(f, "delete", "expired", f"unused for {_age(age)} ({ttl})", when)
-        decided[f.name] = d
-
-    warnings: list[str] = []
+    warnings = [w for w in (
+        _trim(decided, ("head", "proj"), max_bytes, label="cap"),
+        _trim(decided, ("conv",), park_max_bytes, label="park cap"),
+    ) if w]
     kept_total = sum(d.bytes for d in decided.values() if d.action == "keep")
-    if max_bytes is not None and kept_total > max_bytes:
-        cap = f"over the {_size(max_bytes)} cap: oldest first"
-        trimmable = sorted((d for d in decided.values() if d.action == "keep" and d.rule != "current"),
-                           key=lambda d: (d.used_at, d.name))
-        for d in trimmable:
-            if kept_total <= max_bytes:
-                break
-            decided[d.name] = replace(d, action="delete", rule="cap", reason=cap)
-            kept_total -= d.bytes
-        if kept_total > max_bytes:
-            warnings.append(f"the current slot files alone take {_size(kept_total)}, over the "
-                            f"{_size(max_bytes)} cap; they are never deleted")
-    orphans = tuple(f.name for f in ours if f.name not in keys_of)
+    orphans = tuple(f.name for f in ours if name_kind(f.name) in FINISHED and f.name not in view.keys_of)
     return GcPlan(tuple(decided[f.name] for f in ours), ignored, orphans, missing, None,
                   tuple(warnings), total, kept_total)
 
 
+def _why_disabled(index: Index | None, index_error: str | None, listing_error: str | None) -> str | None:
+    """Why nothing may be deleted this run, or None."""
+    if index is None or index_error is not None:
+        return (f"index.json is unreadable ({index_error or 'no index given'}): "
+                "cleanup is off until it is fixed or moved away")
+    if listing_error is not None:
+        return f"{listing_error}: cleanup is off this run (nothing deleted, index.json left as it is)"
+    return None
+
+
+@dataclass(frozen=True)
+class _IndexView:
+    """What the rules read from the index, by file name."""
+
+    index: Index
+    keys_of: dict[str, list[str]]  # file name -> index keys naming it
+    slots_of: dict[str, list[str]]  # key -> slots it is current in
+
+    @classmethod
+    def of(cls, index: Index) -> _IndexView:
+        keys_of: dict[str, list[str]] = {}
+        for key, entry in index.entries.items():
+            keys_of.setdefault(entry.file, []).append(key)
+        slots_of: dict[str, list[str]] = {}
+        for slot, key in sorted(index.current.items()):
+            slots_of.setdefault(key, []).append(slot)
+        return cls(index, keys_of, slots_of)
+
+    def entries(self, f: DiskFile) -> list[Entry]:
+        return [self.index.entries[k] for k in self.keys_of.get(f.name, [])]
+
+    def used_at(self, f: DiskFile) -> float:
+        entries = self.entries(f)
+        return max(e.last_used for e in entries) if entries else f.mtime
+
+    def expires(self, f: DiskFile) -> int:
+        """0 (never) when any entry naming the file never expires; else the latest."""
+        dates = [e.expires for e in self.entries(f)]
+        return 0 if not dates or 0 in dates else max(dates)
+
+    def current_slots(self, f: DiskFile) -> list[str]:
+        keys = [fingerprint_of(f.name) or "", *self.keys_of.get(f.name, [])]
+        return sorted({s for key in keys for s in self.slots_of.get(key, [])})
+
+
+@dataclass(frozen=True)
+class _Limits:
+    now: float
+    ttl_days: float
+    keep_recent: int
+    recent: frozenset[str]  # the keep_recent most recently used heads with an entry
+    park_ttl_hours: float
+    live_pids: frozenset[int]
+
+
+def _decide_one(f: DiskFile, view: _IndexView, limits: _Limits) -> Decision:
+    kind = name_kind(f.name)
+    if kind == "part":
+        return _decide_part(f, limits.now)
+    if kind == "doctor":
+        return _decide_doctor(f, limits.now, limits.live_pids)
+    when = view.used_at(f)
+    slots = view.current_slots(f)
+    if slots:
+        return _decide(f, "keep", "current", f"current fingerprint of {', '.join(slots)}", when)
+    expires = view.expires(f)
+    if expires and limits.now >= expires:
+        return _decide(f, "delete", "expired", f"expired {_age(limits.now - expires)} ago", when)
+    if kind == "proj":
+        return _decide_proj(f, view, limits, when, expires)
+    if kind == "conv":
+        return _decide_conv(f, view, limits, when)
+    return _decide_head(f, view, limits, when)
+
+
+def _decide_head(f: DiskFile, view: _IndexView, limits: _Limits, when: float) -> Decision:
+    ttl_days, age = limits.ttl_days, limits.now - when
+    ttl = f"TTL {ttl_days:g} days"
+    fresh = age <= ttl_days * DAY
+    if f.name not in view.keys_of:
+        tail = f"kept until {ttl_days:g} days" if fresh else f"older than the {ttl_days:g}-day TTL"
+        return _decide(f, "keep" if fresh else "delete", "orphan",
+                       f"orphan (not in the index), {_age(age)} old: {tail}", when)
+    if fresh:
+        return _decide(f, "keep", "ttl", f"used {_age(age)} ago ({ttl})", when)
+    if f.name in limits.recent:
+        return _decide(f, "keep", "recent",
+                       f"one of the {limits.keep_recent} most recent (unused for {_age(age)})", when)
+    return _decide(f, "delete", "expired", f"unused for {_age(age)} ({ttl})", when)
+
+
+def _decide_proj(f: DiskFile, view: _IndexView, limits: _Limits, when: float, expires: int) -> Decision:
+    """Kept until its day ends; without an expiry date (0) the heads' TTL applies."""
+    if f.name not in view.keys_of:
+        age = limits.now - f.mtime
+        old = age > PROJ_ORPHAN_AGE
+        tail = "older than a day" if old else "kept for a day"
+        return _decide(f, "delete" if old else "keep", "orphan",
+                       f"orphan project head (not in the index), {_age(age)} old: {tail}", when)
+    if expires:
+        return _decide(f, "keep", "ttl", f"project head valid for {_age(expires - limits.now)} more", when)
+    age = limits.now - when
+    if age <= limits.ttl_days * DAY:
+        return _decide(f, "keep", "ttl", f"used {_age(age)} ago (no expiry; TTL {limits.ttl_days:g} days)", when)
+    return _decide(f, "delete", "expired", f"unused for {_age(age)} (no expiry; TTL {limits.ttl_days:g} days)",
+                   when)
+
+
+def _decide_conv(f: DiskFile, view: _IndexView, limits: _Limits, when: float) -> Decision:
+    hours = limits.park_ttl_hours
+    ttl = f"park TTL {hours:g} hours"
+    age = limits.now - when
+    fresh = age <= hours * HOUR
+    if f.name not in view.keys_of:
+        tail = f"kept until {hours:g} hours" if fresh else f"older than the {ttl}"
+        return _decide(f, "keep" if fresh else "delete", "orphan",
+                       f"orphan parked conversation (not in the index), {_age(age)} old: {tail}", when)
+    if fresh:
+        return _decide(f, "keep", "ttl", f"parked conversation used {_age(age)} ago ({ttl})", when)
+    return _decide(f, "delete", "expired", f"parked conversation unused for {_age(age)} ({ttl})", when)
+
+
+def _decide_part(f: DiskFile, now: float) -> Decision:
+    age = now - f.mtime
+    if age > PART_MAX_AGE:
+        return _decide(f, "delete", "stale",
+                       f"temp file of a save, {_age(age)} old: a save in progress is never over 1 h old",
+                       f.mtime)
+    return _decide(f, "keep", "in_progress", f"temp file of a save in progress, {_age(age)} old", f.mtime)
+
+
+def _decide_doctor(f: DiskFile, now: float, live_pids: frozenset[int]) -> Decision:
+    pid, age = doctor_pid(f.name), now - f.mtime
+    if pid in live_pids:
+        return _decide(f, "keep", "in_progress", f"ocpc doctor's probe; process {pid} is running", f.mtime)
+    if age > DOCTOR_MAX_AGE:
+        return _decide(f, "delete", "stale",
+                       f"ocpc doctor's probe left behind: process {pid} is gone, {_age(age)} old", f.mtime)
+    return _decide(f, "keep", "in_progress",
+                   f"ocpc doctor's probe, {_age(age)} old: kept for 10 min", f.mtime)
+
+
+def _trim(decided: dict[str, Decision], kinds: tuple[Kind, ...], max_bytes: int | None, *,
+          label: str) -> str | None:
+    """Delete kept files of ``kinds`` least recently used first (never a current one) until
+    their total fits ``max_bytes``; a warning when the current ones alone do not fit."""
+    if max_bytes is None:
+        return None
+    mine = [d for d in decided.values() if d.kind in kinds and d.action == "keep"]
+    kept_total = sum(d.bytes for d in mine)
+    if kept_total <= max_bytes:
+        return None
+    reason = f"over the {_size(max_bytes)} {label}: oldest first"
+    for d in sorted((d for d in mine if d.rule != "current"), key=lambda d: (d.used_at, d.name)):
+        if kept_total <= max_bytes:
+            break
+        decided[d.name] = replace(d, action="delete", rule="cap", reason=reason)
+        kept_total -= d.bytes
+    if kept_total <= max_bytes:
+        return None
+    what = "slot files" if kinds == ("head", "proj") else "parked conversations"
+    return (f"the current {what} alone take {_size(kept_total)}, over the "
+            f"{_size(max_bytes)} {label}; they are never deleted")
+
+
 def _decide(f: DiskFile, action: Action, rule: Rule, reason: str, used_at: float) -> Decision:
-    return Decision(f.name, fingerprint_of(f.name) or "", f.bytes, action, rule, reason, used_at)
+    kind = name_kind(f.name)
+    if kind is None:  # plan_gc decides on ocpc's names only
+        raise ValueError(f"not an ocpc file: {f.name!r}")
+    key = fingerprint_of(part_target(f.name) or "" if kind == "part" else f.name) or ""
+    return Decision(f.name, kind, key, f.bytes, action, rule, reason, used_at)
 
 
 def _age(seconds: float) -> str:
@@ -161,12 +343,13 @@ def _size(n: int) -> str:
 
 
 def list_slot_dir(slot_dir: Path) -> list[DiskFile]:
-    """Every entry of the folder via lstat (a symlink is reported, never followed)."""
-    try:
-        with os.scandir(slot_dir) as it:
-            entries = list(it)
-    except FileNotFoundError:
-        return []
+    """Every entry of the folder via lstat (a symlink is reported, never followed).
+
+    Raises ``OSError`` (``FileNotFoundError`` included) when the folder cannot be listed:
+    a missing folder is not an empty one.
+    """
+    with os.scandir(slot_dir) as it:
+        entries = list(it)
     files = []
     for entry in entries:
         try:
@@ -175,6 +358,21 @@ def list_slot_dir(slot_dir: Path) -> list[DiskFile]:
             continue  # deleted while we listed it
         files.append(DiskFile(entry.name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode)))
     return files
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (even one we may not signal)."""
+    if pid <= 0 or pid > MAX_PID:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def run_gc(settings: Settings, *, dry_run: bool, now: float | None = None) -> GcPlan:
@@ -195,20 +393,41 @@ def run_gc(settings: Settings, *, dry_run: bool, now: float | None = None) -> Gc
 
 
 def _plan_now(settings: Settings, store: Store, now: float) -> tuple[GcPlan, Index | None, list[DiskFile]]:
-    try:
-        files = list_slot_dir(settings.slot_dir)
-    except OSError as exc:  # an unreadable folder: say so, delete nothing
-        why = f"cannot list {settings.slot_dir} ({exc}): cleanup is off this run"
-        return GcPlan((), (), (), (), why, (), 0, 0), None, []
     index, error = None, None
     try:
         index = store.load()
     except IndexCorrupt as exc:
         error = str(exc)
+    files, listing_error = _listing(settings.slot_dir, index)
     max_bytes = None if settings.max_gb is None else round(settings.max_gb * GB)
-    plan = plan_gc(files=files, index=index, index_error=error, now=now, ttl_days=settings.ttl_days,
-                   keep_recent=settings.keep_recent, max_bytes=max_bytes)
+    park_max = None if settings.park_max_gb is None else round(settings.park_max_gb * GB)
+    plan = plan_gc(files=files, index=index, index_error=error, listing_error=listing_error, now=now,
+                   ttl_days=settings.ttl_days, keep_recent=settings.keep_recent, max_bytes=max_bytes,
+                   park_ttl_hours=settings.park_ttl_hours, park_max_bytes=park_max,
+                   live_pids=_live_doctor_pids(files))
     return plan, index, files
+
+
+def _listing(slot_dir: Path, index: Index | None) -> tuple[list[DiskFile], str | None]:
+    """The folder's entries, or why they cannot be known.
+
+    A missing folder is fine only when the index names no file (a fresh install: nothing
+    to lose); otherwise it is probably a disk that is not mounted, and treating it as empty
+    would drop every entry.
+    """
+    try:
+        return list_slot_dir(slot_dir), None
+    except FileNotFoundError:
+        if index is not None and not index.entries:
+            return [], None
+        return [], f"the slot folder {slot_dir} does not exist (a disk not mounted?)"
+    except OSError as exc:
+        return [], f"cannot list the slot folder {slot_dir} ({exc})"
+
+
+def _live_doctor_pids(files: Iterable[DiskFile]) -> frozenset[int]:
+    pids = (doctor_pid(f.name) for f in files)
+    return frozenset(pid for pid in pids if pid is not None and pid_alive(pid))
 
 
 def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Settings,
@@ -218,10 +437,11 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
     decisions, warnings, gone = list[Decision](), list(plan.warnings), set[str]()
     for d in plan.decisions:
         if d.action == "delete":
-            why = _still_deletable(settings.slot_dir / d.name, listed[d.name], current)
+            path = settings.slot_dir / d.name
+            why = _still_deletable(path, listed[d.name], current=current, alive=pid_alive)
             if why is None:
                 try:
-                    (settings.slot_dir / d.name).unlink(missing_ok=True)
+                    path.unlink(missing_ok=True)
                     gone.add(d.name)
                 except OSError as exc:
                     why = f"could not delete: {exc}"
@@ -242,11 +462,22 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
                    bytes_after=kept, applied=True)
 
 
-def _still_deletable(path: Path, planned: DiskFile, current: set[str]) -> str | None:
-    """None if ``path`` is still the regular ocpc file we planned on; else why not."""
-    fp = fingerprint_of(path.name)
-    if fp is None or fp in current:
-        return "is a current fingerprint" if fp else "not an ocpc slot file"
+def _still_deletable(path: Path, planned: DiskFile, *, current: set[str],
+                     alive: Callable[[int], bool]) -> str | None:
+    """None if ``path`` is still the regular ocpc file we planned on; else why not.
+
+    Run just before each unlink: the name must still be one ocpc writes, a finished file's
+    key must not be current, a doctor probe's process must not be running, and the file
+    must still be the regular file of the size and mtime the plan saw.
+    """
+    kind = name_kind(path.name)
+    if kind is None:
+        return "not a file ocpc writes"
+    if kind in FINISHED and fingerprint_of(path.name) in current:
+        return "is a current fingerprint"
+    pid = doctor_pid(path.name)
+    if pid is not None and alive(pid):
+        return f"ocpc doctor (process {pid}) is running"
     try:
         st = path.lstat()
     except FileNotFoundError:
