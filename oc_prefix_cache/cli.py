@@ -304,13 +304,31 @@ def launch(
         raise typer.Exit(code)
 
 
+_SERVER_HELP = ("llama-server to look at (default: the one the running ocpc daemon serves, "
+                "else the one `ocpc launch` runs, else http://127.0.0.1:8080).")
+
+
+def _server_source(ctx: typer.Context) -> str:
+    """How --server got its value, for the one line that says which server and why."""
+    source = ctx.get_parameter_source("server")
+    return "OC_PREFIX_CACHE_BASE_URL" if getattr(source, "name", "") == "ENVIRONMENT" else "--server"
+
+
 @app.command()
-def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
+                                               help=_SERVER_HELP)] = None,
+) -> None:
     """Server, daemon and disk at a glance, with a one-line verdict. Works with parts down."""
+    from .server_info import resolve_server
     from .status import gather, render, verdict
 
     with edge():
-        data = gather(Settings.from_env())
+        settings = Settings.from_env()
+        chosen = resolve_server(settings, explicit=server, explicit_source=_server_source(ctx))
+        data = gather(settings, server=chosen)
         data["verdict"] = verdict(data)
         if as_json:
             print_json(data)
@@ -320,19 +338,26 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] 
 
 @app.command()
 def doctor(
+    ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     opencode_config: Annotated[Path | None, typer.Option(help="OpenCode config to check.")] = None,
+    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
+                                               help=_SERVER_HELP)] = None,
 ) -> None:
     """Check everything the cache depends on, with the fix for each problem. Exit 1 if broken."""
     from dataclasses import asdict
 
     from .doctor import run_checks
+    from .server_info import resolve_server
 
     with edge():
-        checks = run_checks(Settings.from_env(), opencode_config=opencode_config)
+        settings = Settings.from_env()
+        chosen = resolve_server(settings, explicit=server, explicit_source=_server_source(ctx))
+        checks = run_checks(settings, opencode_config=opencode_config, server=chosen)
         broken = any(c.status == "fail" for c in checks)
         if as_json:
-            print_json({"ok": not broken, "checks": [asdict(c) for c in checks]})
+            print_json({"ok": not broken, "server": {"url": chosen.url, "why": chosen.why},
+                        "checks": [asdict(c) for c in checks]})
         else:
             from rich.markup import escape
             from rich.table import Table

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,21 @@ import httpx
 
 from .demo import opencode_body
 from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
+from .fingerprint import adapter_settings, kv_settings
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
 from .install import default_config_path
 from .render import render_head
 from .server_info import (
+    ResolvedServer,
+    daemon_server_url,
     flag_value,
     identity_from_props,
+    kv_flag_names,
+    lora_adapters,
     port_of,
     read_runtime,
+    same_server,
     server_argv,
 )
 from .settings import Settings
@@ -43,16 +50,22 @@ class Check:
     fix: str = ""
 
 
-def run_checks(settings: Settings, *, opencode_config: Path | None = None) -> list[Check]:
+def run_checks(settings: Settings, *, opencode_config: Path | None = None,
+               server: ResolvedServer | None = None) -> list[Check]:
+    """Every check, against ``server`` (see ``server_info.resolve_server``; default: the settings')."""
+    server = server or ResolvedServer(url=settings.base_url, why="OC_PREFIX_CACHE_BASE_URL or its default")
+    settings = replace(settings, base_url=server.url)
     checks: list[Check] = [_index(settings), _daemon(settings), _opencode(settings, opencode_config)]
     with SlotClient(settings.base_url, timeouts=Timeouts(connect=1.0, quick=10.0, slot_io=60.0)) as client:
         try:
             props = client.props()
         except ServerError as exc:
-            checks.insert(0, Check("server", "fail", str(exc),
-                                   f"start it with `ocpc launch -m MODEL.gguf --port {port_of(settings.base_url)}`"))
+            checks.insert(0, Check("server", "fail", f"{exc} ({server.why})",
+                                   f"start it with `ocpc launch -m MODEL.gguf --port {port_of(settings.base_url)}`, "
+                                   "or point ocpc at yours with --server URL"))
             return checks
-        checks.insert(0, Check("server", "ok", f"{settings.base_url} answers; model {props.get('model_path')}"))
+        checks.insert(0, Check("server", "ok", f"{settings.base_url} answers ({server.why}); "
+                                               f"model {props.get('model_path')}"))
         port = port_of(settings.base_url)
         argv = server_argv(settings.base_url, runtime=read_runtime(settings, port) if port else None)
         identity = identity_from_props(props, binary=None)
@@ -60,10 +73,37 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None) -> li
         layout, head_tokens = _layout(settings, client)
         checks.append(layout)
         checks.append(_build(str(props.get("build_info") or "unknown"), identity.hybrid, props))
+        checks.append(_kv_flags(argv, client, port))
         checks.append(_min_step(argv, head_tokens, identity.hybrid))
         checks.append(_slots(int(props.get("total_slots") or 1), opencode_config or _default_config()))
         checks.append(_disk(settings))
     return checks
+
+
+def _kv_flags(argv: list[str] | None, client: SlotClient, port: int | None) -> Check:
+    """The flags and adapters that change KV contents, as the fingerprint sees them."""
+    try:
+        adapters = adapter_settings(lora_adapters(client))
+    except ServerError as exc:
+        return Check("kv-flags", "warn", f"cannot read the server's LoRA adapters: {exc}")
+    if argv is None:
+        return Check("kv-flags", "warn",
+                     f"cannot see llama-server's command line (no live `ocpc launch` runtime file for port {port}, "
+                     "no local llama-server process on it): the fingerprint cannot tell apart servers that differ "
+                     f"only in {', '.join(kv_flag_names())} (or their LLAMA_ARG_* variables), so a head saved "
+                     "under one of them would restore silently under another",
+                     "start the server with `ocpc launch`, or run ocpc on its machine as the user running it")
+    seen = kv_settings(argv) + tuple(f"adapter {a}" for a in adapters)
+    shown = ", ".join(_short(s) for s in seen) or "none (the model's own settings)"
+    if any("|unreadable" in s for s in seen):
+        return Check("kv-flags", "warn", f"KV-changing settings: {shown}; a file among them is not readable here, "
+                     "so a change to it would not be seen", "run ocpc as the user running llama-server")
+    return Check("kv-flags", "ok", f"KV-changing settings in the fingerprint: {shown}")
+
+
+def _short(setting: str) -> str:
+    """A fingerprint setting for people: file names without folder, size and mtime."""
+    return re.sub(r"[^,=|]*/([^,/=|]+)\|(?:\d+\|\d+|unreadable)", r"\1", setting)
 
 
 def _slot_save_path(settings: Settings, client: SlotClient) -> Check:
@@ -185,7 +225,12 @@ def _daemon(settings: Settings) -> Check:
     except httpx.HTTPError:
         return Check("daemon", "warn", f"no ocpc daemon at {settings.daemon_url}: sessions go on uncached",
                      "run `ocpc launch` (server and daemon) or `ocpc daemon`")
-    return Check("daemon", "ok", f"up at {settings.daemon_url}")
+    served = daemon_server_url(settings)
+    if served is not None and not same_server(served, settings.base_url):
+        return Check("daemon", "warn", f"the ocpc daemon at {settings.daemon_url} keeps {served} warm, "
+                     f"not {settings.base_url}", f"run `ocpc daemon --server {settings.base_url}` (another "
+                     "OC_PREFIX_CACHE_DAEMON_PORT for a second one), or check the right server with --server")
+    return Check("daemon", "ok", f"up at {settings.daemon_url}" + (f", serving {served}" if served else ""))
 
 
 def _opencode(settings: Settings, config: Path | None) -> Check:

@@ -1,29 +1,70 @@
-"""Gather the server's identity: /props, plus the model and binary files behind it.
+"""Gather the server's identity: /props, its flags, its adapters, and the files behind them.
 
 The daemon runs on the same machine as llama-server (the slot folder is shared), so it
-can stat the model file the server names and read its GGUF header.
+can stat the model file the server names, read its GGUF header, and read the server's
+command line (from ``ocpc launch``'s runtime file, or from /proc). Also here: which
+server ``status`` and ``doctor`` talk about (``resolve_server``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import xxhash
 
-from .errors import OcpcError
-from .fingerprint import ServerIdentity, build_identity, model_file_identities
+from .errors import OcpcError, ServerError, ServerHTTPError
+from .fingerprint import (
+    KV_FLAGS,
+    ServerIdentity,
+    adapter_settings,
+    build_identity,
+    kv_flag_for,
+    kv_flag_for_env,
+    kv_settings,
+    model_file_identities,
+)
 from .gguf_meta import read_gguf_info
 from .settings import Settings
 from .slot_client import SlotClient
 
+DEFAULT_PORT = 8080  # llama-server's --port when not given
+
 
 def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] | None = None) -> ServerIdentity:
+    """/props, plus the active LoRA adapters: two quick calls, once per new session."""
     props = client.props()
-    return identity_from_props(props, binary=binary, argv=argv)
+    identity = identity_from_props(props, binary=binary, argv=argv)
+    return replace(identity, lora=adapter_settings(lora_adapters(client)))
+
+
+def lora_adapters(client: SlotClient) -> list[dict[str, Any]]:
+    """``GET /lora-adapters``: every loaded adapter with its current global scale.
+
+    A build without the endpoint (404/405) has no runtime adapters to change; its
+    start-up ``--lora`` flags are in the fingerprint through ``kv_settings``.
+    """
+    try:
+        response = client._call("GET", "/lora-adapters", timeout=client.timeouts.quick)
+    except ServerHTTPError as exc:
+        if exc.status in (404, 405):
+            return []
+        raise
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise ServerError(f"{client.base_url}/lora-adapters answered with invalid JSON") from exc
+    if not isinstance(data, list):
+        raise ServerError(f"{client.base_url}/lora-adapters did not return a list of adapters")
+    return [item for item in data if isinstance(item, dict)]
 
 
 def kv_types(argv: list[str] | None) -> str:
@@ -49,6 +90,7 @@ def identity_from_props(props: dict[str, Any], *, binary: Path | None,
         total_slots=int(props.get("total_slots") or 1),
         kv_types=kv_types(argv),
         hybrid=_is_partial_cache_model(model_path),
+        kv_flags=kv_settings(argv) if argv is not None else None,
     )
 
 
@@ -70,35 +112,191 @@ def _partial_cache_cached(model_path: str, size: int, mtime_ns: int) -> bool:
         return True
 
 
+# -- the server's command line --------------------------------------------------------------
+
+# Flags status and doctor read that are not on the allow-list, and their LLAMA_ARG_* names.
+_STATUS_ENV: dict[str, tuple[str, bool]] = {  # env -> (flag, is a switch)
+    "LLAMA_ARG_PORT": ("--port", False),
+    "LLAMA_ARG_HOST": ("--host", False),
+    "LLAMA_ARG_N_PARALLEL": ("--parallel", False),
+    "LLAMA_ARG_CTX_SIZE": ("--ctx-size", False),
+    "LLAMA_ARG_CTX_CHECKPOINTS": ("--ctx-checkpoints", False),
+    "LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT": ("--checkpoint-min-step", False),
+    "LLAMA_ARG_CACHE_RAM": ("--cache-ram", False),
+    "LLAMA_ARG_UBATCH": ("--ubatch-size", False),
+    "LLAMA_ARG_ENDPOINT_METRICS": ("--metrics", True),
+}
+_TRUTHY = ("on", "enabled", "true", "1")
+
+
 def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str] | None:
-    """How the server at ``url`` was started: from ``ocpc launch``'s runtime file, else by
-    finding a local llama-server process listening on that port (Linux /proc), else None.
-    The API does not expose flags such as --checkpoint-min-step; its command line does.
+    """The command line in effect for the server at ``url``, or None when it cannot be seen.
+
+    From ``ocpc launch``'s runtime file, else a local llama-server process listening on
+    that port (Linux /proc). The API does not expose flags such as --checkpoint-min-step
+    or --rope-freq-base; its command line does. llama-server also takes settings from
+    ``LLAMA_ARG_*`` variables and from ``llama.cpp/config.ini``; those of the allow-list
+    (and the few status shows) are put in front of the real arguments, so the real ones
+    still win as they do in the server. Relative file arguments are made absolute against
+    the server's working directory. One /proc scan: call it once per server process.
     """
+    pid: int | None = None
+    argv: list[str] | None = None
     if runtime and isinstance(runtime.get("argv"), list):
-        return [str(a) for a in runtime["argv"]]
-    port = port_of(url)
-    if port is None:
-        return None
+        argv = [str(a) for a in runtime["argv"]]
+        pid = runtime.get("pid") if isinstance(runtime.get("pid"), int) else None
+    else:
+        port = port_of(url)
+        if port is None:
+            return None
+        found = _find_process(port)
+        if found is None:
+            return None
+        pid, argv = found
+    environ = _environ(pid) if pid is not None else None
+    implied = _config_args(environ) + _env_args(environ or {})
+    cwd = _cwd(pid) if pid is not None else None
+    full = argv[:1] + implied + argv[1:]
+    return _absolute_files(full, cwd) if cwd is not None else full
+
+
+def _find_process(port: int) -> tuple[int, list[str]] | None:
+    """A local llama-server whose flags (or LLAMA_ARG_PORT) say it listens on ``port``."""
+    for pid, argv in _llama_processes():
+        given = flag_value(argv, ("--port",))
+        if given is None:
+            given = (_environ(pid) or {}).get("LLAMA_ARG_PORT")
+        if (given or str(DEFAULT_PORT)) == str(port):
+            return pid, argv
+    return None
+
+
+def _llama_processes() -> Iterator[tuple[int, list[str]]]:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = [a.decode(errors="replace") for a in cmdline.read_bytes().split(b"\0") if a]
         except OSError:
             continue
-        if argv and "llama-server" in Path(argv[0]).name and (flag_value(argv, ("--port",)) or "8080") == str(port):
-            return argv
-    return None
+        if argv and "llama-server" in Path(argv[0]).name:
+            yield int(cmdline.parent.name), argv
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    """The process's environment; None when not ours to read (another user's process)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {key: value for key, _, value in pairs}
+
+
+def _cwd(pid: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def _env_args(environ: dict[str, str]) -> list[str]:
+    """``LLAMA_ARG_*`` settings as the arguments they stand for (allow-list and status)."""
+    out: list[str] = []
+    for name, value in sorted(environ.items()):
+        flag = kv_flag_for_env(name)
+        if flag is not None:
+            switch = flag.kind == "switch"
+            out += ([flag.canonical] if value.lower() in _TRUTHY else []) if switch else [flag.canonical, value]
+        elif name in _STATUS_ENV:
+            spelling, switch = _STATUS_ENV[name]
+            out += ([spelling] if value.lower() in _TRUTHY else []) if switch else [spelling, value]
+    return out
+
+
+def config_paths(environ: dict[str, str] | None) -> list[Path]:
+    """The config files llama-server b11434 reads first (``common_params_apply_system_config``)."""
+    env = environ if environ is not None else dict(os.environ)
+    config_home = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+    return [Path("/etc/llama.cpp/config.ini"), Path(config_home) / "llama.cpp" / "config.ini"]
+
+
+def _config_args(environ: dict[str, str] | None) -> list[str]:
+    """Allow-listed settings from the config files, as arguments (they apply before env/argv)."""
+    out: list[str] = []
+    for path in config_paths(environ):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        out += _ini_args(text)
+    return out
+
+
+def _ini_args(text: str) -> list[str]:
+    section = "default"
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in ";#":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip() or "default"
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or section not in ("*", "default"):
+            continue  # other sections are presets the server applies only by name
+        key, value = key.strip(), value.strip().strip('"')
+        flag = kv_flag_for_env(key) or kv_flag_for(f"--{key}") or kv_flag_for(f"-{key}")
+        if flag is None:
+            continue
+        if flag.kind == "switch":
+            out += [flag.canonical] if value.lower() in _TRUTHY else []
+        else:
+            out += [flag.canonical, *value.split()[: flag.nargs]] if flag.nargs > 1 else [flag.canonical, value]
+    return out
+
+
+def _absolute_files(argv: list[str], cwd: Path) -> list[str]:
+    """Allow-listed file arguments made absolute, so they are stat-ed where the server reads them."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag = kv_flag_for(arg) if arg.startswith("-") else None
+        if flag is None or flag.kind not in ("files", "scaled_files"):
+            continue
+        if arg.startswith("--") and "=" in arg:
+            name, _, value = arg.partition("=")
+            out[i] = f"{name}={_absolute_csv(value, cwd, scaled=flag.kind == 'scaled_files')}"
+        elif i + 1 < len(out):
+            out[i + 1] = _absolute_csv(out[i + 1], cwd, scaled=flag.kind == "scaled_files")
+    return out
+
+
+def _absolute_csv(value: str, cwd: Path, *, scaled: bool) -> str:
+    items = []
+    for item in value.split(","):
+        path, colon, scale = item.rpartition(":") if scaled else (item, "", "")
+        if path and not Path(path).is_absolute():
+            path = str(cwd / path)
+        items.append(f"{path}{colon}{scale}")
+    return ",".join(items)
 
 
 def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
-    """The value given to any spelling of a flag (``--x V`` or ``--x=V``); '' for a bare flag."""
+    """The value given to any spelling of a flag (``--x V`` or ``--x=V``); '' for a bare flag.
+
+    The last occurrence wins, as in llama-server's own parser (and as the settings
+    ``server_argv`` puts in front of the real arguments require).
+    """
+    found: str | None = None
     for i, arg in enumerate(argv):
         key, eq, value = arg.partition("=")
+        if key.startswith("--"):
+            key = key.replace("_", "-")
         if key in names:
             if eq:
-                return value
-            return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
-    return None
+                found = value
+            else:
+                found = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else ""
+    return found
 
 
 def port_of(url: str) -> int | None:
@@ -127,6 +325,17 @@ def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
     return data
 
 
+def live_runtimes(settings: Settings) -> list[dict[str, Any]]:
+    """Every live `ocpc launch` record in OC_PREFIX_CACHE_HOME, by port."""
+    out = []
+    for path in sorted(settings.home.glob("server-*.json")):
+        match = re.fullmatch(r"server-(\d+)\.json", path.name)
+        data = read_runtime(settings, int(match.group(1))) if match else None
+        if data is not None and isinstance(data.get("url"), str):
+            out.append(data)
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,3 +344,64 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# -- which server status and doctor talk about -----------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedServer:
+    url: str
+    why: str  # one line: which source chose it
+
+
+def resolve_server(settings: Settings, *, explicit: str | None, explicit_source: str = "--server") -> ResolvedServer:
+    """The llama-server ``status`` and ``doctor`` should look at, and why.
+
+    First match: an explicit URL (``--server`` or OC_PREFIX_CACHE_BASE_URL), the server
+    the running daemon keeps warm, the one live ``ocpc launch``, else the default. Without
+    this, ``ocpc launch --port 9000`` is followed by a status of the default port's server.
+    """
+    if explicit:
+        return ResolvedServer(url=explicit.rstrip("/"), why=f"given by {explicit_source}")
+    served = daemon_server_url(settings)
+    if served:
+        return ResolvedServer(url=served, why=f"the ocpc daemon at {settings.daemon_url} serves it")
+    live = live_runtimes(settings)
+    if len(live) == 1:
+        return ResolvedServer(url=str(live[0]["url"]).rstrip("/"),
+                              why=f"ocpc launch runs it (pid {live[0].get('launcher_pid', '?')})")
+    if live:
+        ports = ", ".join(str(port_of(str(r["url"]))) for r in live)
+        return ResolvedServer(url=settings.base_url,
+                              why=f"the default: {len(live)} ocpc launch servers run (ports {ports}); "
+                                  "pick one with --server")
+    return ResolvedServer(url=settings.base_url, why="the default: no ocpc daemon or ocpc launch is running")
+
+
+def daemon_server_url(settings: Settings, *, timeout: float = 2.0) -> str | None:
+    """The llama-server URL the daemon on OC_PREFIX_CACHE_DAEMON_PORT says it serves."""
+    try:
+        data = httpx.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(timeout, connect=0.5)).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    url = (data.get("server") or {}).get("url") if isinstance(data, dict) else None
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+_LOOPBACK = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}
+
+
+def same_server(a: str, b: str) -> bool:
+    """Two URLs of one server: ``http://localhost:9000/`` and ``http://127.0.0.1:9000`` are."""
+    return _server_key(a) == _server_key(b)
+
+
+def _server_key(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    return parts.scheme.lower(), _LOOPBACK.get(host, host), port_of(url)
+
+
+def kv_flag_names() -> list[str]:
+    """The allow-list's canonical names, for messages."""
+    return [flag.canonical for flag in KV_FLAGS]

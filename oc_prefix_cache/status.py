@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ import httpx
 from rich.console import Console
 
 from .errors import OcpcError, StoreError
-from .server_info import flag_value, port_of, read_runtime, server_argv
+from .fingerprint import kv_settings
+from .server_info import ResolvedServer, flag_value, port_of, read_runtime, same_server, server_argv
 from .settings import Settings
 from .slot_client import SlotClient, Timeouts
 from .slotfile import fingerprint_of
@@ -25,9 +27,12 @@ from .store import Store
 QUICK = Timeouts(connect=0.5, quick=2.0)
 
 
-def gather(settings: Settings) -> dict[str, Any]:
+def gather(settings: Settings, *, server: ResolvedServer | None = None) -> dict[str, Any]:
+    """Every part, about ``server`` (see ``server_info.resolve_server``; default: the settings')."""
+    server = server or ResolvedServer(url=settings.base_url, why="OC_PREFIX_CACHE_BASE_URL or its default")
+    settings = replace(settings, base_url=server.url)
     return {
-        "server": server_part(settings),
+        "server": server_part(settings) | {"why": server.why},
         "daemon": daemon_part(settings),
         "plugin": plugin_part(settings),
         "disk": disk_part(settings),
@@ -79,7 +84,7 @@ def server_part(settings: Settings) -> dict[str, Any]:
         reachable=True, build=props.get("build_info"), model=props.get("model_path"),
         slots=len(slots), n_ctx=(props.get("default_generation_settings") or {}).get("n_ctx"),
         busy=[s.get("id") for s in slots if s.get("is_processing")],
-        flags=_flags(argv),
+        flags=_flags(argv), kv_flags=list(kv_settings(argv)) if argv is not None else None,
     )
     return part
 
@@ -119,7 +124,7 @@ def disk_part(settings: Settings) -> dict[str, Any]:
         part["index_error"] = None
     except StoreError as exc:
         index, part["index_error"] = None, str(exc)
-    current = set(index.current.values()) if index else set()
+    current = {fp for key, fp in index.current.items() if _on_server(key, settings.base_url)} if index else set()
     files = []
     for path in _pattern_files(settings.slot_dir):
         fp = fingerprint_of(path.name) or ""
@@ -131,6 +136,12 @@ def disk_part(settings: Settings) -> dict[str, Any]:
     part["total_bytes"] = sum(f["bytes"] for f in files)
     part["current"] = sorted(current)
     return part
+
+
+def _on_server(key: str, url: str) -> bool:
+    """``current`` keys are ``store.slot_key(url, N)``: only this server's slots make a file current here."""
+    prefix, mark, slot = key.rpartition("#slot")
+    return bool(mark) and slot.isdigit() and same_server(prefix, url)
 
 
 def _pattern_files(folder: Path) -> list[Path]:
@@ -150,6 +161,8 @@ def verdict(status: dict[str, Any]) -> str:
         return "broken: llama-server runs without --slot-save-path; run ocpc doctor"
     if not daemon.get("up"):
         return "broken: the ocpc daemon is not running (sessions go on uncached); run ocpc doctor"
+    if daemon.get("server_url") and not same_server(daemon["server_url"], server["url"]):
+        return f"broken: the ocpc daemon keeps {daemon['server_url']} warm, not this server; run ocpc doctor"
     if disk.get("index_error"):
         return "broken: index.json is unreadable (cleanup is off); run ocpc doctor"
     if daemon.get("suspect"):
@@ -182,6 +195,8 @@ def render(data: dict[str, Any], out: Console) -> None:
                       f"checkpoint-min-step {flags.get('checkpoint_min_step') or 'default'}")
     else:
         out.print(f"server  {server['url']}  [red]down[/red]: {server.get('error')}")
+    if server.get("why"):
+        out.print(f"        (this server: {server['why']})")
     if daemon["up"]:
         c = daemon["counters"]
         out.print(f"daemon  {daemon['url']}  hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "

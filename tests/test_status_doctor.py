@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
 
+from oc_prefix_cache import server_info
 from oc_prefix_cache.cli import app
 from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.files import write_atomic
 from oc_prefix_cache.llama_process import free_port
+from oc_prefix_cache.server_info import port_of, runtime_path
 from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.store import Store, slot_key
 
 from .helpers import PROJ_A, UA, capture_bytes
 
@@ -40,8 +45,9 @@ def pointed_at(monkeypatch) -> Iterator:
         daemon.stop()
 
 
-def doctor() -> tuple[int, dict]:
-    result = runner.invoke(app, ["doctor", "--json"])
+def doctor(*args: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["doctor", "--json", *args])
+    assert result.exit_code in (0, 1), result.output
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -49,8 +55,13 @@ def checks(data: dict) -> dict[str, str]:
     return {c["name"]: c["status"] for c in data["checks"]}
 
 
-def status() -> dict:
-    result = runner.invoke(app, ["status", "--json"])
+def check(data: dict, name: str) -> dict:
+    found: dict = next(c for c in data["checks"] if c["name"] == name)
+    return found
+
+
+def status(*args: str) -> dict:
+    result = runner.invoke(app, ["status", "--json", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -126,3 +137,94 @@ def test_screens_fit_80_columns(llama_server, pointed_at) -> None:
     for command in (["status"], ["doctor"]):
         result = runner.invoke(app, command, env={"COLUMNS": "80"}, terminal_width=80)
         assert max(len(line) for line in result.stdout.splitlines()) <= 80, result.stdout
+
+
+# -- which server status and doctor talk about -----------------------------------------------
+
+@pytest.fixture
+def no_daemon(monkeypatch) -> None:
+    """No OC_PREFIX_CACHE_BASE_URL (conftest clears it) and no daemon on the configured port."""
+    monkeypatch.setenv("OC_PREFIX_CACHE_DAEMON_PORT", str(free_port()))
+
+
+def test_status_and_doctor_follow_ocpc_launch_on_another_port(llama_server, no_daemon) -> None:
+    """`ocpc launch --port N` records server-N.json; without it they looked at :8080."""
+    server = llama_server("qwen3", extra_args=("--checkpoint-min-step", "1024", "--rope-freq-base", "20000"))
+    settings = Settings.from_env()
+    port = port_of(server.url)
+    assert port is not None and server.pid is not None
+    record = {"pid": server.pid, "launcher_pid": os.getpid(), "binary": str(server.config.binary),
+              "argv": server.config.argv(), "url": server.url, "started": 0}
+    write_atomic(runtime_path(settings, port), json.dumps(record).encode())
+
+    data = status()
+    assert data["server"]["url"] == server.url and data["server"]["reachable"], data["server"]
+    assert "ocpc launch runs it" in data["server"]["why"]
+    assert data["server"]["flags"]["checkpoint_min_step"] == "1024"
+    assert data["server"]["kv_flags"] == ["--rope-freq-base=20000.0"]
+
+    code, doc = doctor()
+    assert doc["server"]["url"] == server.url and check(doc, "server")["status"] == "ok"
+    assert server.url in check(doc, "server")["detail"] and "ocpc launch runs it" in check(doc, "server")["detail"]
+    assert check(doc, "kv-flags")["status"] == "ok"
+    assert "--rope-freq-base=20000.0" in check(doc, "kv-flags")["detail"]
+
+
+def test_status_and_doctor_follow_the_running_daemon(llama_server, no_daemon, monkeypatch) -> None:
+    server = llama_server("qwen3")
+    daemon = Daemon(settings=Settings.from_env(), server_url=server.url, port=0)
+    daemon.start()
+    try:
+        monkeypatch.setenv("OC_PREFIX_CACHE_DAEMON_PORT", str(port_of(daemon.url)))
+        data = status()
+        assert data["server"]["url"] == server.url and data["server"]["reachable"], data["server"]
+        assert data["server"]["why"].startswith("the ocpc daemon at")
+        assert data["daemon"]["up"] and not data["verdict"].startswith("broken"), data["verdict"]
+        code, doc = doctor()
+        assert check(doc, "server")["status"] == check(doc, "daemon")["status"] == "ok", doc
+        assert f"serving {server.url}" in check(doc, "daemon")["detail"]
+    finally:
+        daemon.stop()
+
+
+def test_an_explicit_server_wins_and_shows_only_its_own_current_files(llama_server, no_daemon, monkeypatch) -> None:
+    server = llama_server("qwen3")
+    settings = Settings.from_env()
+    mine, other = "a" * 16, "b" * 16
+    settings.slot_dir.mkdir(parents=True, exist_ok=True)
+    for fp in (mine, other):
+        (settings.slot_dir / f"oc-prefix-{fp}.bin").write_bytes(b"x")
+
+    def currents(index) -> None:
+        index.current[slot_key(server.url, 0)] = mine
+        index.current[slot_key("http://127.0.0.1:8080", 0)] = other
+
+    Store(index_path=settings.index_path, lock_path=settings.lock_path).update(currents)
+    data = status("--server", server.url)
+    assert data["server"]["url"] == server.url and data["server"]["why"] == "given by --server"
+    assert data["disk"]["current"] == [mine]
+    assert {f["fingerprint"]: f["current"] for f in data["disk"]["files"]} == {mine: True, other: False}
+
+    monkeypatch.setenv("OC_PREFIX_CACHE_BASE_URL", server.url)
+    assert status()["server"]["why"] == "given by OC_PREFIX_CACHE_BASE_URL"
+
+
+def test_doctor_says_when_it_cannot_see_the_servers_flags(llama_server, pointed_at, monkeypatch) -> None:
+    server = llama_server("qwen3")
+    pointed_at(server.url, with_daemon=False)
+    # As for a server in a container or run by another user: no runtime file, no visible process.
+    monkeypatch.setattr(server_info, "_find_process", lambda port: None)
+    code, data = doctor()
+    flags = check(data, "kv-flags")
+    assert flags["status"] == "warn", flags
+    assert "cannot see llama-server's command line" in flags["detail"]
+    assert "--rope-freq-base" in flags["detail"] and "--lora" in flags["detail"]
+    assert "cannot tell apart" in flags["detail"] and "ocpc launch" in flags["fix"]
+
+
+def test_one_server_under_two_names() -> None:
+    from oc_prefix_cache.server_info import same_server
+
+    assert same_server("http://localhost:9000/", "http://127.0.0.1:9000")
+    assert same_server("http://[::1]:9000", "http://127.0.0.1:9000")
+    assert not same_server("http://127.0.0.1:9001", "http://127.0.0.1:9000")
