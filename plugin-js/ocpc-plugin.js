@@ -15,6 +15,10 @@
 
 import { readFileSync, promises as fsp } from "node:fs";
 
+// Not exported (OpenCode would take it for a plugin function); `ocpc --version` and doctor
+// read it from this file's text, and the init log line carries it.
+const OCPC_PLUGIN_VERSION = "0.2.0";
+
 // Shared across module copies (a global and a project plugin folder may both load this
 // file), so a provider's fetch is never wrapped twice.
 const WRAPPED = Symbol.for("oc-prefix-cache.wrapped-fetch");
@@ -28,7 +32,7 @@ const MAX_JSON_RESPONSE_CHARS = 8 * 1024 * 1024;
 export const OcPrefixCache = async (input) => {
   const { settings, problem } = loadSettings(input);
   const log = makeLogger(settings.logFile);
-  log({ ev: "init", directory: safeString(input?.directory), daemonUrl: settings.daemonUrl, baseURL: settings.baseURL });
+  log({ ev: "init", version: OCPC_PLUGIN_VERSION, directory: safeString(input?.directory), daemonUrl: settings.daemonUrl, baseURL: settings.baseURL });
   if (problem) log({ ev: "error", stage: "settings", error: problem });
   return {
     config: async (cfg) => {
@@ -191,9 +195,12 @@ function normaliseBaseURL(value) {
 // The fetch wrapper
 
 function makeWrapper(previousFetch, settings, log) {
-  // A daemon that took a connection but sent no headers is hung: waiting headersTimeoutMs
+  // A daemon that took a connection but did not answer in time (no headers within
+  // headersTimeoutMs, or headers but no answer within prepareTimeoutMs) is hung: waiting
   // on every request would tax a whole session, so it is left alone for hungBackoffMs.
   const breaker = { pausedUntil: 0 };
+  // This wrapper's reports not yet delivered: {ended, settled}. See observeUsage.
+  const reports = new Set();
   const wrapper = async (url, init) => {
     const call = describeChatCall(url, init);
     if (!call) return previousFetch(url, init);
@@ -202,6 +209,8 @@ function makeWrapper(previousFetch, settings, log) {
     if (Date.now() < breaker.pausedUntil) {
       log({ ev: "error", stage: "prepare", skipped: true, error: "daemon was hung; not asked until it has had time to recover" });
     } else {
+      // The daemon decides on this request knowing what the previous one reused.
+      await waitForReports(reports, init?.signal, settings, log);
       prepared = await prepareQuietly(call, init, settings, log, breaker);
     }
 
@@ -216,7 +225,7 @@ function makeWrapper(previousFetch, settings, log) {
     }
     log({ ev: "forward", ms: Date.now() - started, status: response.status });
     try {
-      return observeUsage(response, prepared, init, settings, log);
+      return observeUsage(response, prepared, init, settings, log, reports);
     } catch (err) {
       // Only reachable before the tee (e.g. a custom fetch returned an odd object), so the
       // answer is still whole.
@@ -275,6 +284,7 @@ async function prepareQuietly(call, init, settings, log, breaker) {
       ms: Date.now() - started,
       status,
       fingerprint: answer.fingerprint,
+      prepare_id: answer.prepare_id ?? undefined,
       prefix_tokens: answer.prefix_tokens,
       daemon_ms: answer.elapsed_ms,
       reason: answer.reason,
@@ -283,7 +293,8 @@ async function prepareQuietly(call, init, settings, log, breaker) {
     return answer;
   } catch (err) {
     if (err?.hung) breaker.pausedUntil = Date.now() + settings.hungBackoffMs;
-    log({ ev: "error", stage: "prepare", ms: Date.now() - started, status: err?.status ?? null, error: describeError(err) });
+    const backoff = err?.hung ? { backoff_ms: settings.hungBackoffMs } : {};
+    log({ ev: "error", stage: "prepare", ms: Date.now() - started, status: err?.status ?? null, error: describeError(err), ...backoff });
     return null;
   }
 }
@@ -300,7 +311,10 @@ class DaemonError extends Error {
 // Two bounds, because the daemon answers in two steps: headers at once ("working"), the
 // JSON when the slot is ready. No headers within headersTimeoutMs means down or hung; a
 // daemon that did answer is given up to prepareTimeoutMs in all, since a cold warm-up
-// prefills the same tokens the real request would otherwise prefill itself.
+// prefills the same tokens the real request would otherwise prefill itself. The daemon is
+// told that budget (x-ocpc-budget-ms), so it stops changing the slot a margin before it:
+// a slot change landing after we gave up would hit the request we then sent. Either bound
+// firing marks the daemon hung (the breaker); OpenCode's own abort does not.
 async function askDaemon(call, outerSignal, settings) {
   const controller = new AbortController();
   let why = null;
@@ -313,7 +327,10 @@ async function askDaemon(call, outerSignal, settings) {
     hung = true;
     stop(`no response headers within ${settings.headersTimeoutMs} ms`);
   }, settings.headersTimeoutMs);
-  const totalTimer = setTimeout(() => stop(`no answer within ${settings.prepareTimeoutMs} ms`), settings.prepareTimeoutMs);
+  const totalTimer = setTimeout(() => {
+    hung = true;
+    stop(`no answer within ${settings.prepareTimeoutMs} ms`);
+  }, settings.prepareTimeoutMs);
   // If OpenCode gives up on the request (user abort, its own timeout), stop waiting too.
   const onOuterAbort = () => stop("request aborted by OpenCode");
   // Raced against every await below, so the bounds hold even on a runtime whose fetch
@@ -327,7 +344,7 @@ async function askDaemon(call, outerSignal, settings) {
   try {
     const request = globalThis.fetch(`${settings.daemonUrl}/v1/prepare`, {
       method: "POST",
-      headers: { "content-type": "application/json", ...call.headers },
+      headers: { "content-type": "application/json", ...call.headers, "x-ocpc-budget-ms": String(Math.floor(settings.prepareTimeoutMs)) },
       body: call.body,
       signal: controller.signal,
       timeout: false, // Bun's own fetch timeout would cut a long warm-up short; ours bound it
@@ -363,6 +380,8 @@ function parseAnswer(text) {
   return {
     action: data.action,
     fingerprint: typeof data.fingerprint === "string" && data.fingerprint ? data.fingerprint : null,
+    // Protocol v2: the daemon's id for this prepare, echoed in the report. Older daemons send none.
+    prepare_id: typeof data.prepare_id === "string" && data.prepare_id ? data.prepare_id : null,
     prefix_tokens: Number.isFinite(data.prefix_tokens) ? data.prefix_tokens : null,
     elapsed_ms: Number.isFinite(data.elapsed_ms) ? data.elapsed_ms : null,
     reason: typeof data.reason === "string" ? data.reason : "",
@@ -372,28 +391,68 @@ function parseAnswer(text) {
 // ---------------------------------------------------------------------------------------
 // Report: read the server's reuse counts from a copy of the answer, in the background.
 
-function observeUsage(response, prepared, init, settings, log) {
+// The report is pending in `reports` from the tee until it is delivered (or given up).
+// `ended` turns true when OpenCode's copy of the answer ends: the flush below runs before
+// OpenCode's reader sees the end, so any request OpenCode builds after reading this answer
+// finds the report pending and waits for it (waitForReports). Another request's answer
+// that is still streaming (a parallel session) is not waited for.
+function observeUsage(response, prepared, init, settings, log, reports) {
   if (!prepared?.fingerprint || !canObserve(response)) return response;
   const fingerprint = prepared.fingerprint;
+  const prepareId = prepared.prepare_id;
   const isJson = (response.headers.get("content-type") || "").toLowerCase().includes("application/json");
   // tee: OpenCode reads its branch at the server's pace; ours is read alongside it and
   // never holds OpenCode's branch back.
   const [forOpenCode, forUs] = response.body.tee();
-  const copy = new Response(forOpenCode, {
+  const entry = { ended: false, settled: null };
+  const markEnded = new TransformStream({
+    flush() {
+      entry.ended = true;
+    },
+  });
+  const copy = new Response(forOpenCode.pipeThrough(markEnded), {
     status: response.status,
     statusText: response.statusText,
     headers: response.headers,
   });
-  readCounts(forUs, isJson, init?.signal)
+  reports.add(entry);
+  entry.settled = readCounts(forUs, isJson, init?.signal)
     .then((counts) => {
+      entry.ended = true; // our copy ended: the report is on its way now
       if (!counts) {
         log({ ev: "report", fingerprint, sent: false, reason: "no timings or usage in the answer" });
         return;
       }
-      return sendReport(fingerprint, counts, settings, log);
+      return sendReport(fingerprint, prepareId, counts, settings, log);
     })
-    .catch((err) => log({ ev: "error", stage: "report", error: describeError(err) }));
+    .catch((err) => log({ ev: "error", stage: "report", error: describeError(err) }))
+    .finally(() => reports.delete(entry));
   return copy;
+}
+
+// Before a prepare: wait for the reports of answers that have ended (normally one, being
+// posted right now), at most reportTimeoutMs, and not past OpenCode aborting the request.
+async function waitForReports(reports, signal, settings, log) {
+  const pending = [...reports].filter((entry) => entry.ended).map((entry) => entry.settled);
+  if (pending.length === 0) return;
+  const started = Date.now();
+  let timer = null;
+  let onAbort = null;
+  const bound = new Promise((resolve) => {
+    timer = setTimeout(() => resolve("timeout"), settings.reportTimeoutMs);
+  });
+  const aborted = new Promise((resolve) => {
+    onAbort = () => resolve("aborted");
+    if (signal?.aborted) onAbort();
+    signal?.addEventListener?.("abort", onAbort, { once: true });
+  });
+  try {
+    const outcome = await Promise.race([Promise.allSettled(pending).then(() => "settled"), bound, aborted]);
+    log({ ev: "report_wait", ms: Date.now() - started, reports: pending.length, outcome });
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener?.("abort", onAbort);
+  }
 }
 
 // Only a 2xx answer that has a body can be copied into a new Response (204/205 cannot).
@@ -490,10 +549,11 @@ function isCount(value) {
   return Number.isInteger(value) && value >= 0;
 }
 
-async function sendReport(fingerprint, counts, settings, log) {
+async function sendReport(fingerprint, prepareId, counts, settings, log) {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), settings.reportTimeoutMs);
   const payload = { fingerprint, cache_n: counts.cache_n, prompt_n: counts.prompt_n };
+  if (prepareId) payload.prepare_id = prepareId;
   try {
     const response = await globalThis.fetch(`${settings.daemonUrl}/v1/report`, {
       method: "POST",

@@ -72,7 +72,7 @@ const JSON_ANSWER = {
 };
 
 function startLlama() {
-  const state = { mode: "sse", requests: [], sent: "" };
+  const state = { mode: "sse", requests: [], sent: "", pieceDelay: 2 };
   const server = http.createServer((req, res) => {
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
@@ -104,7 +104,7 @@ async function streamSse(res, events, state) {
   for (let i = 0; i < text.length; i += 97) pieces.push(text.slice(i, i + 97));
   for (const piece of pieces) {
     res.write(piece);
-    await sleep(2);
+    await sleep(state.pieceDelay);
   }
   res.end();
 }
@@ -139,17 +139,34 @@ const daemonBehaviours = {
   },
 };
 
+// Each test reaches it under its own path prefix (/t<n>, see setup), and only the current
+// test's calls are recorded: a report still in flight from an earlier test is answered but
+// never counted.
 function startDaemon() {
-  const state = { behaviour: daemonBehaviours.good(), prepares: [], reports: [], answeredAt: null };
+  // reportDelay: ms before /v1/report is answered (null: at once, Infinity: never).
+  const state = { behaviour: daemonBehaviours.good(), prepares: [], reports: [], answeredAt: null, reportDelay: null, testId: 0 };
   const server = http.createServer((req, res) => {
     const chunks = [];
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
-      const record = { url: req.url, headers: req.headers, raw: Buffer.concat(chunks), at: Date.now() };
-      if (req.url === "/v1/report") {
-        state.reports.push({ ...record, json: JSON.parse(record.raw.toString()) });
+      const [, testId, path] = /^\/t(\d+)(\/.*)$/.exec(req.url) ?? [null, null, req.url];
+      const current = testId === null || Number(testId) === state.testId;
+      const record = { url: path, headers: req.headers, raw: Buffer.concat(chunks), at: Date.now() };
+      if (!current) {
         res.writeHead(200, { "content-type": "application/json" });
-        res.end(JSON.stringify({ verdict: "served" }));
+        res.end(JSON.stringify(path === "/v1/report" ? { verdict: "served" } : { action: "skipped", reason: "stale test" }));
+        return;
+      }
+      if (path === "/v1/report") {
+        const report = { ...record, json: JSON.parse(record.raw.toString()), answeredAt: null };
+        state.reports.push(report);
+        const answer = () => {
+          report.answeredAt = Date.now();
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end(JSON.stringify({ verdict: "served" }));
+        };
+        if (state.reportDelay === null) answer();
+        else if (Number.isFinite(state.reportDelay)) setTimeout(answer, state.reportDelay);
         return;
       }
       state.prepares.push(record);
@@ -230,7 +247,10 @@ after(async () => {
 });
 
 beforeEach(() => {
+  daemon.state.testId += 1;
   llama.state.mode = "sse";
+  llama.state.pieceDelay = 2;
+  daemon.state.reportDelay = null;
   llama.state.requests = [];
   daemon.state.behaviour = daemonBehaviours.good();
   daemon.state.prepares = [];
@@ -243,7 +263,7 @@ let logCount = 0;
 async function setup(overrides = {}, providerOptions = {}) {
   const logFile = join(logDir, `log-${++logCount}.jsonl`);
   const settings = {
-    daemonUrl: daemon.url,
+    daemonUrl: `${daemon.url}/t${daemon.state.testId}`,
     baseURL: llama.url,
     headersTimeoutMs: 200,
     prepareTimeoutMs: 2000,
@@ -389,7 +409,7 @@ const FAILURES = [
 
 for (const failure of FAILURES) {
   test(`fail-open: daemon ${failure.name}`, async () => {
-    const daemonUrl = failure.daemonUrl === "refused" ? await closedPortUrl() : daemon.url;
+    const daemonUrl = failure.daemonUrl === "refused" ? await closedPortUrl() : `${daemon.url}/t${daemon.state.testId}`;
     const { fetch, logFile } = await setup({ daemonUrl, headersTimeoutMs: 200, prepareTimeoutMs: failure.prepareTimeoutMs ?? 400 });
     if (failure.behaviour) daemon.state.behaviour = failure.behaviour();
     const started = Date.now();
@@ -525,4 +545,132 @@ test("a hung daemon is not asked again until hungBackoffMs has passed", async ()
   daemon.state.behaviour = daemonBehaviours.good();
   await (await fetch(chatUrl(), chatInit())).text();
   await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
+});
+
+// ---------------------------------------------------------------------------------------
+// Protocol v2: the budget header, prepare_id, reports before the next prepare, the breaker
+// after a total timeout, the version mark.
+
+test("every prepare tells the daemon the plugin's budget (x-ocpc-budget-ms)", async () => {
+  const { fetch } = await setup({ prepareTimeoutMs: 2000 });
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.equal(daemon.state.prepares[0].headers["x-ocpc-budget-ms"], "2000");
+  const odd = await setup({ prepareTimeoutMs: 1234.7 });
+  await (await odd.fetch(chatUrl(), chatInit())).text();
+  assert.equal(daemon.state.prepares[1].headers["x-ocpc-budget-ms"], "1234", "whole milliseconds");
+  for (const request of llama.state.requests) assert.ok(request.raw.equals(MAIN_BYTES), "forwarded byte-identical");
+});
+
+test("the daemon's prepare_id comes back in the report", async () => {
+  const { fetch, logFile } = await setup();
+  daemon.state.behaviour = daemonBehaviours.good({ ...GOOD_ANSWER, prepare_id: "p-42" });
+  await (await fetch(chatUrl(), chatInit())).text();
+  const report = await waitFor(() => daemon.state.reports[0]);
+  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, prepare_id: "p-42" });
+  await waitForLog(logFile, (l) => l.ev === "prepare" && l.prepare_id === "p-42");
+});
+
+test("a prepare_id that is not a non-empty string is left out of the report", async () => {
+  const { fetch } = await setup();
+  for (const prepare_id of [17, "", null]) {
+    daemon.state.behaviour = daemonBehaviours.good({ ...GOOD_ANSWER, prepare_id });
+    daemon.state.reports = [];
+    await (await fetch(chatUrl(), chatInit())).text();
+    const report = await waitFor(() => daemon.state.reports[0]);
+    assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25 });
+  }
+});
+
+test("the next prepare waits for the previous request's report to be delivered", async () => {
+  const { fetch, logFile } = await setup({ reportTimeoutMs: 2000 });
+  daemon.state.reportDelay = 300;
+  await (await fetch(chatUrl(), chatInit())).text();
+  const started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text(); // sent at once, as OpenCode does
+  assert.equal(daemon.state.prepares.length, 2);
+  const firstReport = await waitFor(() => daemon.state.reports[0]?.answeredAt && daemon.state.reports[0]);
+  assert.ok(daemon.state.prepares[1].at >= firstReport.answeredAt,
+    `the second prepare came ${firstReport.answeredAt - daemon.state.prepares[1].at} ms before the report was taken`);
+  assert.ok(Date.now() - started < 1500);
+  await waitForLog(logFile, (l) => l.ev === "report_wait" && l.outcome === "settled" && l.reports === 1);
+});
+
+test("a request sent the instant the previous answer ends still waits for its report", async () => {
+  const { fetch } = await setup({ reportTimeoutMs: 2000 });
+  daemon.state.reportDelay = 200;
+  for (const mode of ["sse", "json"]) {
+    llama.state.mode = mode;
+    daemon.state.prepares = [];
+    daemon.state.reports = [];
+    const reader = (await fetch(chatUrl(), chatInit())).body.getReader();
+    while (!(await reader.read()).done); // then, with no further tick, the next request
+    const next = fetch(chatUrl(), chatInit());
+    await (await next).text();
+    const report = await waitFor(() => daemon.state.reports[0]?.answeredAt && daemon.state.reports[0]);
+    assert.ok(daemon.state.prepares[1].at >= report.answeredAt, `${mode}: the prepare did not wait for the report`);
+    await waitFor(() => daemon.state.reports[1]?.answeredAt); // the second one's, before the next round
+  }
+});
+
+test("the wait for reports is bounded by reportTimeoutMs", async () => {
+  const { fetch } = await setup({ reportTimeoutMs: 300 });
+  daemon.state.reportDelay = Infinity; // takes the report, never answers
+  await (await fetch(chatUrl(), chatInit())).text();
+  const started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text();
+  const waited = daemon.state.prepares[1].at - started;
+  assert.ok(waited < 300 + 400, `the second prepare waited ${waited} ms`);
+  assert.equal(llama.state.requests.length, 2);
+});
+
+test("an answer still streaming (a parallel session) does not hold the next prepare back", async () => {
+  const { fetch } = await setup({ reportTimeoutMs: 3000 });
+  llama.state.pieceDelay = 60; // the answer streams for about a second
+  const first = await fetch(chatUrl(), chatInit());
+  const reading = first.text();
+  const started = Date.now();
+  const second = await fetch(chatUrl(), chatInit());
+  const waited = daemon.state.prepares[1].at - started;
+  assert.ok(waited < 400, `not waited for the other stream (${waited} ms, ${daemon.state.prepares.length} prepares)`);
+  assert.equal(await reading, llama.state.sent);
+  await second.text();
+  await waitFor(() => daemon.state.reports.length === 2);
+});
+
+test("a daemon that sends headers but never the answer is backed off too", async () => {
+  const { fetch, logFile } = await setup({ headersTimeoutMs: 200, prepareTimeoutMs: 400, hungBackoffMs: 800 });
+  daemon.state.behaviour = daemonBehaviours.hangAfterHeaders();
+  let started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.ok(Date.now() - started >= 380, "the first request waited for the total bound");
+  started = Date.now();
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.ok(Date.now() - started < 150, `the second went straight on (${Date.now() - started} ms)`);
+  assert.equal(daemon.state.prepares.length, 1, "the daemon was not asked again");
+  assert.equal(llama.state.requests.length, 2);
+  await waitForLog(logFile, (l) => l.ev === "error" && l.stage === "prepare" && l.backoff_ms === 800);
+  await waitForLog(logFile, (l) => l.ev === "error" && l.skipped === true);
+});
+
+test("OpenCode aborting a prepare does not back the daemon off", async () => {
+  const { fetch } = await setup({ prepareTimeoutMs: 60000 });
+  daemon.state.behaviour = daemonBehaviours.hangAfterHeaders();
+  const controller = new AbortController();
+  setTimeout(() => controller.abort(), 100);
+  await assert.rejects(fetch(chatUrl(), chatInit(MAIN_BODY, { signal: controller.signal })));
+  daemon.state.behaviour = daemonBehaviours.good();
+  await (await fetch(chatUrl(), chatInit())).text();
+  assert.equal(daemon.state.prepares.length, 2, "the next request asked the daemon");
+});
+
+test("the plugin's version is in its source, not exported, and in the init log line", async () => {
+  const source = readFileSync(new URL("../ocpc-plugin.js", import.meta.url), "utf8");
+  const marks = [...source.matchAll(/OCPC_PLUGIN_VERSION = "([^"]+)"/g)];
+  assert.equal(marks.length, 1, "one version mark, read with ocpc's regex");
+  const version = marks[0][1];
+  assert.match(version, /^\d+\.\d+\.\d+$/);
+  assert.ok(!("OCPC_PLUGIN_VERSION" in plugin), "not an export");
+  const { logFile } = await setup();
+  const lines = await waitForLog(logFile, (l) => l.ev === "init");
+  assert.equal(lines.find((l) => l.ev === "init").version, version);
 });
