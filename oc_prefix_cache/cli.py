@@ -51,15 +51,24 @@ def _progress(message: str) -> None:
 
 
 def _version(value: bool) -> None:
+    """The package and the plugin it installs: OpenCode runs the copy `ocpc install` made,
+    so the two versions are what a bug report needs."""
     if value:
-        print(f"ocpc {__version__}")
+        from .install import packaged_plugin
+
+        try:
+            plugin = f"plugin {packaged_plugin().version or '(no version mark)'}"
+        except OcpcError as exc:
+            plugin = f"plugin missing: {exc}"
+        print(f"ocpc {__version__}, {plugin}")
         raise typer.Exit()
 
 
 @app.callback()
 def main(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print the version and the plugin version it installs.")
     ] = False,
 ) -> None:
     """oc-prefix-cache."""

@@ -21,7 +21,7 @@ from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
 from .fingerprint import adapter_settings, kv_settings
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
-from .install import default_config_path
+from .install import default_config_path, installed_plugin_state, plugin_path_in_config
 from .render import render_head
 from .server_info import (
     ResolvedServer,
@@ -241,7 +241,16 @@ def _opencode(settings: Settings, config: Path | None) -> Check:
         return Check("opencode", "warn", f"no OpenCode config at {path}", "run `ocpc install`")
     if "ocpc-plugin.js" not in text:
         return Check("opencode", "warn", f"{path} does not load the ocpc plugin", "run `ocpc install`")
-    return Check("opencode", "ok", f"{path} loads the ocpc plugin")
+    try:
+        state = installed_plugin_state(settings, plugin_path_in_config(text))
+    except OcpcError as exc:
+        return Check("opencode", "warn", f"{path} loads the ocpc plugin; {exc}")
+    if state.problem is None:
+        version = f" {state.installed_version}" if state.installed_version else ""
+        return Check("opencode", "ok", f"{path} loads the ocpc plugin{version}, the same as this ocpc's")
+    missing = not state.installed.exists()
+    return Check("opencode", "fail" if missing else "warn", f"{path} loads the ocpc plugin, but {state.problem}",
+                 "run `ocpc install` (OpenCode picks the new copy up at its next start)")
 
 
 def _default_config() -> Path:

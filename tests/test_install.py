@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import jsonc
+from oc_prefix_cache import doctor, jsonc
+from oc_prefix_cache import install as install_module
 from oc_prefix_cache.cli import app
 from oc_prefix_cache.install import (
     InstallError,
+    PluginCopy,
     install,
     normalise_base_url,
+    packaged_plugin,
     plan_edits,
+    plugin_version,
     uninstall,
 )
 from oc_prefix_cache.settings import Settings
@@ -156,3 +163,228 @@ def test_reinstall_after_user_edits_keeps_them_on_uninstall(tmp_path: Path) -> N
 
 def test_only_the_host_localhost_is_rewritten() -> None:
     assert normalise_base_url("http://mylocalhost.example:8080/v1") == "http://mylocalhost.example:8080"
+
+
+# --- install defects (issue 9, item 9) ---------------------------------------------------
+
+def test_symlinked_config_is_edited_behind_the_link_keeping_its_mode(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "opencode.json"
+    real.parent.mkdir()
+    real.write_text('{"theme": "dark"}\n')
+    real.chmod(0o644)
+    link = tmp_path / "opencode" / "opencode.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    run_install(link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert "ocpc-plugin.js" in real.read_text()
+    assert stat.S_IMODE(real.stat().st_mode) == 0o644
+    uninstall(Settings.from_env(), config_path=link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == '{"theme": "dark"}\n'
+    assert stat.S_IMODE(real.stat().st_mode) == 0o644
+
+
+def test_symlinked_config_edited_since_keeps_link_and_mode_on_uninstall(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "opencode.json"
+    real.parent.mkdir()
+    real.write_text('{\n  "theme": "dark"\n}\n')
+    real.chmod(0o640)
+    link = tmp_path / "opencode.json"
+    link.symlink_to(real)
+    run_install(link)
+    real.write_text(real.read_text().replace('"dark"', '"light"'))
+    said = uninstall(Settings.from_env(), config_path=link)
+    assert any("later edits are kept" in line for line in said)
+    assert link.is_symlink() and jsonc.loads(real.read_text()) == {"theme": "light"}
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640
+
+
+def test_uninstall_after_the_config_was_deleted_writes_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "opencode.json"
+    config.write_text('{"theme": "dark"}\n')
+    run_install(config)
+    config.unlink()
+    said = uninstall(Settings.from_env(), config_path=config)
+    assert not config.exists()
+    assert any("is gone" in line for line in said), said
+    with pytest.raises(InstallError, match="no record"):
+        uninstall(Settings.from_env(), config_path=config)
+
+
+FAKE_NPM = """#!/bin/sh
+# What `npm install` leaves for @opencode-ai/plugin, without the registry.
+set -e
+mkdir -p node_modules/@opencode-ai/plugin node_modules/@opencode-ai/sdk node_modules/zod/lib node_modules/.bin
+echo '{"name": "@opencode-ai/plugin"}' > node_modules/@opencode-ai/plugin/package.json
+echo 'export {}' > node_modules/@opencode-ai/plugin/index.js
+echo '{"name": "@opencode-ai/sdk"}' > node_modules/@opencode-ai/sdk/package.json
+echo 'module.exports = 1' > node_modules/zod/lib/index.js
+ln -sf ../zod/lib/index.js node_modules/.bin/zod
+echo '{"lockfileVersion": 3}' > node_modules/.package-lock.json
+echo '{"lockfileVersion": 3, "packages": {}}' > package-lock.json
+"""
+
+
+@pytest.fixture
+def fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `npm` first on PATH that writes what the real one does, offline."""
+    folder = tmp_path / "fake-bin"
+    folder.mkdir()
+    npm = folder / "npm"
+    npm.write_text(FAKE_NPM)
+    npm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return npm
+
+
+def _npm_install(isolated_home: Path) -> Path:
+    """A config folder holding a user's own package, then `ocpc install` with the SDK pre-install."""
+    folder = isolated_home / "config" / "opencode"
+    (folder / "node_modules" / "left-pad").mkdir(parents=True)
+    (folder / "node_modules" / "left-pad" / "index.js").write_text("the user's own\n")
+    config = folder / "opencode.json"
+    said = run_install(config, opencode_version="1.18.33")
+    assert any("pre-installed @opencode-ai/plugin" in line for line in said), said
+    assert (folder / "node_modules" / "@opencode-ai" / "plugin" / "index.js").is_file()
+    return config
+
+
+def test_uninstall_removes_the_npm_files_install_created(isolated_home: Path, fake_npm: Path) -> None:
+    config = _npm_install(isolated_home)
+    folder = config.parent
+    said = uninstall(Settings.from_env(), config_path=config)
+    for gone in ("package.json", "package-lock.json", "node_modules/@opencode-ai", "node_modules/zod",
+                 "node_modules/.bin", "node_modules/.package-lock.json"):
+        assert not os.path.lexists(folder / gone), (gone, said)
+    assert (folder / "node_modules" / "left-pad" / "index.js").read_text() == "the user's own\n"
+    assert any("npm files" in line for line in said), said
+
+
+def test_uninstall_keeps_npm_files_changed_since_install(isolated_home: Path, fake_npm: Path) -> None:
+    config = _npm_install(isolated_home)
+    folder = config.parent
+    (folder / "node_modules" / "zod" / "lib" / "index.js").write_text("patched by the user\n")
+    said = uninstall(Settings.from_env(), config_path=config)
+    assert (folder / "node_modules" / "zod" / "lib" / "index.js").read_text() == "patched by the user\n"
+    assert any("kept node_modules/zod" in line and "changed since install" in line for line in said), said
+    assert not (folder / "node_modules" / "@opencode-ai").exists()
+    assert not (folder / "package.json").exists()
+
+
+def test_uninstall_keeps_all_npm_files_when_npm_ran_again(isolated_home: Path, fake_npm: Path) -> None:
+    config = _npm_install(isolated_home)
+    folder = config.parent
+    lock = folder / "package-lock.json"
+    lock.write_text(lock.read_text().replace("{}", '{"node_modules/zod": {}}'))
+    said = uninstall(Settings.from_env(), config_path=config)
+    assert (folder / "node_modules" / "@opencode-ai" / "plugin" / "index.js").is_file()
+    assert (folder / "package.json").is_file() and lock.is_file()
+    assert any("package-lock.json changed since install" in line for line in said), said
+
+
+def test_npm_files_that_were_there_before_are_never_recorded(isolated_home: Path, fake_npm: Path) -> None:
+    config = _npm_install(isolated_home)
+    record = json.loads((isolated_home.parent / "ocpc" / "install.json").read_text())[str(config)]
+    paths = {entry["path"]: entry for entry in record["npm_created"]}
+    assert "node_modules/left-pad" not in paths and "node_modules" not in paths
+    assert paths["node_modules/@opencode-ai/plugin"]["sha256"] and paths["package.json"]["sha256"]
+
+
+# --- the plugin this ocpc installs, and the installed copy (issue 12, item 1) -------------
+
+REPO_PLUGIN = Path(__file__).resolve().parent.parent / "plugin-js" / "ocpc-plugin.js"
+
+
+def _plugin(version: str | None) -> bytes:
+    mark = f'const OCPC_PLUGIN_VERSION = "{version}";\n' if version else ""
+    return f"// ocpc plugin\n{mark}export const OcPrefixCache = async () => ({{}});\n".encode()
+
+
+@pytest.fixture
+def package_plugin(monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
+    """Make this ocpc's own plugin a given version (the real one may not carry a mark yet)."""
+    def use(version: str | None) -> None:
+        monkeypatch.setattr(install_module, "packaged_plugin", lambda: PluginCopy("test", _plugin(version)))
+    return use
+
+
+def test_from_a_checkout_the_plugin_is_plugin_js_itself() -> None:
+    plugin = packaged_plugin()
+    assert plugin.data == REPO_PLUGIN.read_bytes()
+    assert plugin.version == plugin_version(REPO_PLUGIN.read_bytes())
+
+
+def test_plugin_version_is_read_from_its_mark_and_may_be_absent() -> None:
+    assert plugin_version(_plugin("1.4.2")) == "1.4.2"
+    assert plugin_version(_plugin(None)) is None
+
+
+def test_version_prints_the_package_and_the_plugin_it_installs(package_plugin) -> None:
+    from oc_prefix_cache import __version__
+
+    package_plugin("0.3.0")
+    assert runner.invoke(app, ["--version"]).stdout.strip() == f"ocpc {__version__}, plugin 0.3.0"
+    package_plugin(None)
+    assert runner.invoke(app, ["--version"]).stdout.strip() == f"ocpc {__version__}, plugin (no version mark)"
+
+
+def _installed_then(isolated_home: Path, installed: bytes | None) -> Path:
+    config = isolated_home / "config" / "opencode" / "opencode.json"
+    run_install(config)
+    copy = Path(jsonc.loads(config.read_text())["plugin"][0][len("file://"):])
+    if installed is None:
+        copy.unlink()
+    else:
+        copy.write_bytes(installed)
+    return config
+
+
+def test_doctor_says_when_the_installed_plugin_is_older(isolated_home: Path, package_plugin) -> None:
+    package_plugin("0.3.0")
+    config = _installed_then(isolated_home, _plugin("0.2.9"))
+    check = doctor._opencode(Settings.from_env(), config)
+    assert check.status == "warn" and "0.2.9, older than this ocpc's 0.3.0" in check.detail, check
+    assert check.fix and "ocpc install" in check.fix
+    run_install(config)
+    assert doctor._opencode(Settings.from_env(), config).status == "ok"
+
+
+def test_doctor_says_when_the_installed_plugin_differs_without_versions(isolated_home: Path,
+                                                                         package_plugin) -> None:
+    package_plugin(None)
+    config = _installed_then(isolated_home, _plugin(None) + b"// an old build\n")
+    check = doctor._opencode(Settings.from_env(), config)
+    assert check.status == "warn" and "differs from this ocpc's copy" in check.detail, check
+
+
+def test_doctor_fails_when_the_installed_plugin_is_gone(isolated_home: Path, package_plugin) -> None:
+    package_plugin("0.3.0")
+    config = _installed_then(isolated_home, None)
+    check = doctor._opencode(Settings.from_env(), config)
+    assert check.status == "fail" and "is missing" in check.detail and "ocpc install" in (check.fix or ""), check
+
+
+def test_doctor_checks_the_plugin_file_the_config_names(isolated_home: Path, tmp_path: Path,
+                                                        package_plugin) -> None:
+    package_plugin("0.3.0")
+    config = _installed_then(isolated_home, _plugin("0.3.0"))
+    elsewhere = tmp_path / "other home" / "ocpc-plugin.js"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(_plugin("0.1.0"))
+    url = jsonc.loads(config.read_text())["plugin"][0]
+    config.write_text(config.read_text().replace(url, elsewhere.as_uri()))
+    check = doctor._opencode(Settings.from_env(), config)
+    assert check.status == "warn" and str(elsewhere) in check.detail and "0.1.0" in check.detail, check
+
+
+def test_npm_files_are_recorded_even_when_the_config_needed_no_edit(isolated_home: Path, fake_npm: Path) -> None:
+    config = isolated_home / "config" / "opencode" / "opencode.json"
+    run_install(config)  # no npm yet: opencode unknown
+    (isolated_home.parent / "ocpc" / "install.json").unlink()  # as if wired by hand: no record
+    text = config.read_text()
+    assert any("pre-installed" in line for line in run_install(config, opencode_version="1.18.33"))
+    said = uninstall(Settings.from_env(), config_path=config)
+    assert config.read_text() == text  # the config was never ours to change
+    assert not (config.parent / "node_modules").exists() and not (config.parent / "package.json").exists()
+    assert any("npm files" in line for line in said), said
