@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,13 @@ OPENCODE_VERSION = "1.18.33"
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="session")
-def opencode_bin() -> Path:
-    """OpenCode from npm, installed once under the rig cache (fails loudly without npm)."""
+@pytest.fixture
+def opencode_bin(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """OpenCode from npm, installed once under the rig cache (fails loudly without npm).
+
+    Its glob/grep tools run `rg`: the test extra's `ripgrep` wheel puts it in this venv's
+    bin/, which goes first on the PATH the test gives OpenCode (no system ripgrep needed).
+    """
     from .conftest import RIG_DIR
 
     folder = RIG_DIR.parent / f"opencode-{OPENCODE_VERSION}"
@@ -44,7 +49,10 @@ def opencode_bin() -> Path:
         subprocess.run([npm, "install", "--no-audit", "--no-fund", f"opencode-ai@{OPENCODE_VERSION}"],
                        cwd=folder, check=True, capture_output=True, timeout=900)
     assert binary.exists(), f"opencode-ai@{OPENCODE_VERSION} did not provide {binary}"
-    assert shutil.which("rg"), "OpenCode's tools need ripgrep (rg) on PATH: apt-get install ripgrep"
+    scripts = Path(sysconfig.get_path("scripts"))
+    assert (scripts / "rg").is_file(), f"no rg in {scripts}: install the test extra (pip install -e '.[test]')"
+    subprocess.run([str(scripts / "rg"), "--version"], check=True, capture_output=True, timeout=30)
+    monkeypatch.setenv("PATH", f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}")
     return binary
 
 
