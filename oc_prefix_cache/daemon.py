@@ -2,8 +2,10 @@
 
 Endpoints (JSON):
 - ``POST /v1/prepare``: body = the exact provider request body; harness metadata in
-  headers (User-Agent, x-session-id). Answers a ``PrepareResult``.
-- ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n}`` from the real request.
+  headers (User-Agent, x-session-id); the caller's own deadline in ``x-ocpc-budget-ms``
+  (how long it will wait; default 240 s, the first plugin's bound). Answers a
+  ``PrepareResult`` (with a ``prepare_id``).
+- ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n[, prepare_id]}`` from the real request.
 - ``GET /v1/status`` and ``GET /health``.
 
 The standard library's threading HTTP server is enough: requests are few (one per
@@ -16,14 +18,18 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import socket
 import threading
+import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .deadline import Deadline
 from .errors import ConfigError, OcpcError
 from .head import MAX_BODY_BYTES
 from .prepare import Preparer
@@ -32,16 +38,47 @@ from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
 from .slotfile import fingerprint_of
 from .store import Store
+from .tracker import SlotTracker
 
 log = logging.getLogger("ocpc.daemon")
 MAX_REPORT_BYTES = 64 * 1024
+
+
+class Background:
+    """One worker thread for work nobody waits on (gc after a save, index writes of uses)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._run, name="ocpc-background", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            log.warning("background queue full; dropping a job (the next save schedules gc again)")
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        try:
+            self._jobs.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # a background job must not kill the worker
+                log.exception("background job failed")
 
 
 class Daemon:
     """Owns the Preparer and the HTTP server; ``serve_forever`` or ``start`` in a thread."""
 
     def __init__(self, *, settings: Settings, server_url: str | None = None, host: str | None = None,
-                 port: int | None = None, server_binary: Path | None = None, watch_interval: float = 1.0) -> None:
+                 port: int | None = None, server_binary: Path | None = None, watch_interval: float = 1.0,
+                 tracker: SlotTracker | None = None) -> None:
         host = host or settings.daemon_host
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--host {host!r}: the daemon listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
@@ -50,8 +87,10 @@ class Daemon:
         self.client = SlotClient(self.server_url)
         self.store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
         port_ = port_of(self.server_url)
-        self.preparer = Preparer(settings=settings, client=self.client, store=self.store,
-                                 server_binary=server_binary,
+        self.tracker = tracker or SlotTracker(lock_dir=settings.home)
+        self.background = Background()
+        self.preparer = Preparer(settings=settings, client=self.client, store=self.store, tracker=self.tracker,
+                                 server_binary=server_binary, schedule=self.background.submit,
                                  runtime=read_runtime(settings, port_) if port_ else None)
         server_class = _Server6 if ":" in host else _Server
         try:
@@ -95,6 +134,8 @@ class Daemon:
         if self._thread is not None or self._serving:
             self.httpd.shutdown()
         self.httpd.server_close()
+        self.background.stop()
+        self.preparer.flush_usage()
         self.client.close()
         if self._thread:
             self._thread.join(timeout=5)
@@ -154,6 +195,11 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
     def do_GET(self) -> None:
+        refusal = self._refusal(need_json=False)
+        if refusal is not None:
+            self.close_connection = True
+            self._send(*refusal)
+            return
         if self.path == "/health":
             self._send(HTTPStatus.OK, {"status": "ok", "version": __version__})
         elif self.path == "/v1/status":
@@ -162,6 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: GET {self.path}"})
 
     def do_POST(self) -> None:
+        received = time.monotonic()  # the caller's budget counts from its send, not from our read
         refusal = self._refusal()
         if refusal is not None:
             self.close_connection = True
@@ -170,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/prepare":
             raw = self._read_body(MAX_BODY_BYTES)
             if raw is not None:
-                self._prepare(raw)
+                self._prepare(raw, Deadline.from_budget_ms(self.headers.get("x-ocpc-budget-ms"), received=received))
         elif self.path == "/v1/report":
             raw = self._read_body(MAX_REPORT_BYTES)
             if raw is not None:
@@ -178,22 +225,23 @@ class _Handler(BaseHTTPRequestHandler):
         elif self._read_body(MAX_BODY_BYTES) is not None:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
 
-    def _refusal(self) -> tuple[HTTPStatus, dict[str, Any]] | None:
-        """Only local programs may drive the daemon, never a web page in a browser.
+    def _refusal(self, *, need_json: bool = True) -> tuple[HTTPStatus, dict[str, Any]] | None:
+        """Only local programs may drive or read the daemon, never a web page in a browser.
 
         A page can POST text/plain to loopback without a preflight, and a rebound DNS
-        name can reach it too: so no Origin header, a loopback Host, and JSON only.
+        name can reach it (and read GET answers) too: so no Origin header and a loopback
+        Host on every request, and JSON only for POSTs.
         """
         if self.headers.get("Origin") is not None:
             return HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"}
         host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
         if host not in LOOPBACK_HOSTS:
             return HTTPStatus.FORBIDDEN, {"error": f"Host {host!r} is not a loopback name"}
-        if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+        if need_json and (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
             return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send Content-Type: application/json"}
         return None
 
-    def _prepare(self, raw: bytes) -> None:
+    def _prepare(self, raw: bytes, deadline: Deadline) -> None:
         """Headers at once, the answer when done: the plugin bounds the two separately.
 
         A daemon that does not send headers within a few hundred ms is down or hung, and
@@ -208,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         headers = {k: v for k, v in self.headers.items()}
-        result = self.server.daemon.preparer.prepare(raw, headers)
+        result = self.server.daemon.preparer.prepare(raw, headers, deadline=deadline)
         self.wfile.write(json.dumps(result.to_json()).encode())
 
     def _report(self, raw: bytes) -> None:
@@ -216,13 +264,18 @@ class _Handler(BaseHTTPRequestHandler):
             data = json.loads(raw)
             fp = data["fingerprint"]
             cache_n, prompt_n = data["cache_n"], data["prompt_n"]
-            if not isinstance(fp, str) or not all(isinstance(v, int) and v >= 0 for v in (cache_n, prompt_n)):
-                raise TypeError("fingerprint must be a string, cache_n and prompt_n whole numbers >= 0")
-        except (ValueError, KeyError, TypeError) as exc:
+            prepare_id = data.get("prepare_id") or ""
+            predicted_n = data.get("predicted_n")
+            if not isinstance(fp, str) or not isinstance(prepare_id, str) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in (cache_n, prompt_n, 0 if predicted_n is None else predicted_n)):
+                raise TypeError("fingerprint and prepare_id must be strings; cache_n, prompt_n (and predicted_n) "
+                                "whole numbers >= 0")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad report: {exc}"})
             return
         self._send(HTTPStatus.OK, self.server.daemon.preparer.report(
-            fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n))
+            fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n, prepare_id=prepare_id, predicted_n=predicted_n))
 
     def _read_body(self, limit: int) -> bytes | None:
         raw_length = self.headers.get("Content-Length")

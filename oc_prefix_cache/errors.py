@@ -68,5 +68,9 @@ class LockTimeout(OcpcError):
     """Another process held a lock for longer than we may wait."""
 
 
+class DeadlineExceeded(OcpcError):
+    """The caller's budget for this prepare ran out; the slot is left as it is."""
+
+
 class ProcessError(OcpcError):
     """A supervised process failed to start or exited early."""

@@ -43,6 +43,28 @@ def probe_gate(*, cache_n: int, head_tokens: int) -> Gate:
     return Gate(False, f"probe reused only {cache_n}/{head_tokens} head tokens (need >= {need:.0f})")
 
 
+def untouched(*, prompt_tokens_before: float | None, prompt_tokens_after: float | None,
+              probe_processed: int, probe_tokens: int, after_tokens: int | None, was_busy: bool) -> Gate:
+    """Did the probe run on a slot nothing else touched between the restore and the probe?
+
+    Only then may a failed probe condemn the file: a request of another client that took
+    the slot in between makes a good file look bad. With ``--metrics`` the server's own
+    processed-token counter proves it (it grew by exactly the probe's tokens); without it,
+    the slot must have been idle before and hold exactly the probe's tokens after it.
+    """
+    if was_busy:
+        return Gate(False, "the slot was busy before the restore")
+    if after_tokens != probe_tokens:
+        return Gate(False, f"the slot holds {after_tokens} tokens after the probe of {probe_tokens}: "
+                    "another request ran in it")
+    if prompt_tokens_before is not None and prompt_tokens_after is not None:
+        grew = prompt_tokens_after - prompt_tokens_before
+        if grew != probe_processed:
+            return Gate(False, f"the server processed {grew:.0f} prompt tokens meanwhile, the probe {probe_processed}")
+        return Gate(True, "the server processed only the probe's tokens meanwhile (/metrics)")
+    return Gate(True, "the slot was idle and its last task is the probe (no /metrics to be sure)")
+
+
 def divergent_gate(*, cache_n: int) -> Gate:
     """On builds with persisted checkpoints: a different user turn must still reuse some."""
     if cache_n > 0:

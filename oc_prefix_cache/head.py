@@ -6,8 +6,8 @@ date there). Everything before the marker is identical across sessions and proje
 everything after it is not. We always work on the parsed JSON, never on raw bytes:
 a cut inside an escape sequence would be a different string.
 
-Later turns of a conversation are recognised by ``conversation_digests``: a body whose
-messages start with the previous body's messages is the same conversation going on.
+Later turns of a conversation are recognised by their message digests (conversation.py):
+a body whose messages start with the previous body's messages is the same conversation.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import xxhash
-
+from .conversation import ParsedBody, parse
 from .errors import BadRequestBody
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # OpenCode's bodies are ~30 KB; a long session a few MB
@@ -47,10 +46,11 @@ class ChatBody:
 
     data: dict[str, Any]
     messages: list[dict[str, Any]]
+    digests: tuple[str, ...] = ()  # one per message, of its exact text (conversation.parse)
 
     @property
     def message_digests(self) -> tuple[str, ...]:
-        return conversation_digests(self.messages)
+        return self.digests
 
 
 def parse_body(raw: bytes) -> ChatBody:
@@ -58,20 +58,19 @@ def parse_body(raw: bytes) -> ChatBody:
     if len(raw) > MAX_BODY_BYTES:
         raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequestBody(f"body is not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequestBody("body is nested too deeply to be a chat request") from exc
-    if not isinstance(data, dict):
-        raise BadRequestBody(f"body is a JSON {type(data).__name__}, not an object")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise BadRequestBody("body has no 'messages' list of objects")
-    return ChatBody(data=data, messages=messages)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequestBody(f"body is not JSON: not UTF-8 ({exc})") from exc
+    return from_parsed(parse(text))
+
+
+def from_parsed(parsed: ParsedBody) -> ChatBody:
+    return ChatBody(data=parsed.data, messages=parsed.messages, digests=parsed.digests)
 
 
 def extract_head(body: ChatBody, markers: tuple[str, ...]) -> Head | Skip:
+    if body.data.get("lora"):
+        return Skip("the request sets its own LoRA adapters (a 'lora' field): its KV differs from the head's")
     tools = body.data.get("tools")
     if not isinstance(tools, list) or not tools:
         return Skip("no tools in the request (a title or utility request)")
@@ -109,24 +108,6 @@ def message_text(message: dict[str, Any]) -> str | None:
 def earliest_marker(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
     hits = [(text.find(m), m) for m in markers if m and m in text]
     return min(hits) if hits else None
-
-
-def head_body(body: ChatBody) -> dict[str, Any]:
-    """The body to render through ``/apply-template`` to find the head's tokens.
-
-    Only what the template sees: messages and tools (and tool_choice, which some
-    templates read). Sampling and streaming fields do not change the prompt.
-    """
-    keep = ("messages", "tools", "tool_choice", "chat_template_kwargs")
-    return {k: body.data[k] for k in keep if k in body.data}
-
-
-def conversation_digests(messages: list[dict[str, Any]]) -> tuple[str, ...]:
-    """One short digest per message, to tell a later turn of the same conversation."""
-    return tuple(
-        xxhash.xxh64_hexdigest(json.dumps(m, sort_keys=True, ensure_ascii=False).encode())
-        for m in messages
-    )
 
 
 def extends(previous: tuple[str, ...], current: tuple[str, ...]) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from .deadline import Deadline
 from .errors import (
     ServerError,
     ServerHTTPError,
@@ -40,6 +41,7 @@ class Timings:
     cache_n: int
     prompt_n: int
     prompt_ms: float
+    predicted_n: int = 0  # tokens generated
 
     @classmethod
     def from_response(cls, data: dict[str, Any]) -> Timings:
@@ -51,6 +53,7 @@ class Timings:
                 cache_n=int(timings.get("cache_n", 0)),
                 prompt_n=int(timings.get("prompt_n", 0)),
                 prompt_ms=float(timings.get("prompt_ms", 0.0)),
+                predicted_n=int(timings.get("predicted_n", 0)),
             )
         except (TypeError, ValueError) as exc:
             raise ServerError(f"the server's timings are malformed: {timings!r:.200}") from exc
@@ -79,11 +82,11 @@ class SlotClient:
         except httpx.HTTPError:
             return False
 
-    def props(self) -> dict[str, Any]:
-        return self._json("GET", "/props", timeout=self.timeouts.quick)
+    def props(self, *, deadline: Deadline | None = None) -> dict[str, Any]:
+        return self._json("GET", "/props", timeout=self._within(self.timeouts.quick, deadline, "read /props"))
 
-    def slots(self) -> list[dict[str, Any]]:
-        response = self._call("GET", "/slots", timeout=self.timeouts.quick)
+    def slots(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        response = self._call("GET", "/slots", timeout=self._within(self.timeouts.quick, deadline, "read /slots"))
         try:
             data = response.json()
         except ValueError as exc:
@@ -92,19 +95,36 @@ class SlotClient:
             raise ServerError(f"{self.base_url}/slots did not return a list of slots")
         return data
 
-    def apply_template(self, body: dict[str, Any]) -> str:
-        data = self._json("POST", "/apply-template", json=body, timeout=self.timeouts.quick)
+    def metrics(self, *, deadline: Deadline | None = None) -> dict[str, float] | None:
+        """The server's Prometheus counters (``llamacpp:`` names), or None without ``--metrics``."""
+        try:
+            response = self._call("GET", "/metrics", timeout=self._within(self.timeouts.quick, deadline, "read /metrics"))
+        except ServerHTTPError:
+            return None
+        out: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line.startswith("llamacpp:"):
+                name, _, value = line.partition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+    def apply_template(self, body: dict[str, Any], *, deadline: Deadline | None = None) -> str:
+        data = self._json("POST", "/apply-template", json=body,
+                          timeout=self._within(self.timeouts.quick, deadline, "render the request"))
         prompt = data.get("prompt")
         if not isinstance(prompt, str):
             raise ServerError(f"{self.base_url}/apply-template returned no prompt")
         return prompt
 
-    def tokenize_pieces(self, content: str) -> list[tuple[int, bytes]]:
+    def tokenize_pieces(self, content: str, *, deadline: Deadline | None = None) -> list[tuple[int, bytes]]:
         """Tokens of ``content`` as the server tokenizes a prompt, each with its bytes."""
         data = self._json(
             "POST", "/tokenize",
             json={"content": content, "add_special": True, "parse_special": True, "with_pieces": True},
-            timeout=self.timeouts.quick,
+            timeout=self._within(self.timeouts.quick, deadline, "tokenize the request"),
         )
         out: list[tuple[int, bytes]] = []
         for item in data.get("tokens", []):
@@ -113,20 +133,33 @@ class SlotClient:
             out.append((int(item["id"]), raw))
         return out
 
+    def tokenize(self, content: str, *, add_special: bool, deadline: Deadline | None = None) -> list[int]:
+        """Token ids of ``content`` (special tokens parsed, as in a prompt)."""
+        data = self._json(
+            "POST", "/tokenize", json={"content": content, "add_special": add_special, "parse_special": True},
+            timeout=self._within(self.timeouts.quick, deadline, "tokenize the request"),
+        )
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise ServerError(f"{self.base_url}/tokenize returned no token list")
+        return tokens
+
     # -- evaluation ----------------------------------------------------------------------
-    def evaluate(self, tokens: list[int], *, slot: int, prefill: bool = False) -> Timings:
+    def evaluate(self, tokens: list[int], *, slot: int, prefill: bool = False,
+                 deadline: Deadline | None = None) -> Timings:
         """Evaluate a token prompt in ``slot`` without generating (``n_predict: 0``)."""
         body = {"prompt": tokens, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
         timeout = self.timeouts.prefill if prefill else self.timeouts.probe
+        timeout = self._changing(timeout, deadline, f"evaluate {len(tokens)} tokens in slot {slot}")
         return Timings.from_response(self._json("POST", "/completion", json=body, timeout=timeout))
 
     # -- slot actions --------------------------------------------------------------------
-    def save(self, slot: int, filename: str) -> dict[str, Any]:
-        return self._slot_action(slot, "save", filename)
+    def save(self, slot: int, filename: str, *, deadline: Deadline | None = None) -> dict[str, Any]:
+        return self._slot_action(slot, "save", filename, deadline)
 
-    def restore(self, slot: int, filename: str) -> dict[str, Any]:
+    def restore(self, slot: int, filename: str, *, deadline: Deadline | None = None) -> dict[str, Any]:
         try:
-            return self._slot_action(slot, "restore", filename)
+            return self._slot_action(slot, "restore", filename, deadline)
         except SlotSaveDisabled:
             raise
         except ServerHTTPError as exc:
@@ -135,19 +168,26 @@ class SlotClient:
                 "the file is from another model or build, too big for -c, or missing"
             ) from exc
 
-    def erase(self, slot: int) -> dict[str, Any]:
-        return self._slot_action(slot, "erase", None)
+    def erase(self, slot: int, *, deadline: Deadline | None = None) -> dict[str, Any]:
+        return self._slot_action(slot, "erase", None, deadline)
 
-    def _slot_action(self, slot: int, action: str, filename: str | None) -> dict[str, Any]:
+    def _slot_action(self, slot: int, action: str, filename: str | None,
+                     deadline: Deadline | None) -> dict[str, Any]:
         body = {"filename": filename} if filename is not None else {}
-        return self._json(
-            "POST", f"/slots/{slot}", params={"action": action}, json=body,
-            timeout=self.timeouts.slot_io,
-        )
+        timeout = self._changing(self.timeouts.slot_io, deadline, f"{action} slot {slot}")
+        return self._json("POST", f"/slots/{slot}", params={"action": action}, json=body, timeout=timeout)
 
     # -- the one translation boundary ----------------------------------------------------
+    @staticmethod
+    def _within(timeout: float, deadline: Deadline | None, what: str) -> float:
+        return timeout if deadline is None else deadline.bound(timeout, what=what)
+
+    @staticmethod
+    def _changing(timeout: float, deadline: Deadline | None, what: str) -> float:
+        return timeout if deadline is None else deadline.before_slot_change(timeout, what=what)
+
     def _t(self, read: float) -> httpx.Timeout:
-        return httpx.Timeout(read, connect=self.timeouts.connect)
+        return httpx.Timeout(read, connect=min(self.timeouts.connect, read))
 
     def _json(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> dict[str, Any]:
         response = self._call(method, path, timeout=timeout, **kwargs)

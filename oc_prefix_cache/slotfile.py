@@ -35,7 +35,7 @@ FILE_RE = re.compile(r"(oc-prefix|oc-proj|oc-conv)-([0-9a-f]{16})\.bin")
 #: The tag keeps two servers (or daemons) saving the same key from writing one temp file.
 PART_RE = re.compile(r"((?:oc-prefix|oc-proj|oc-conv)-[0-9a-f]{16}\.bin)\.([0-9a-f]{8})\.part")
 #: ``ocpc doctor`` proves where saves land with a file of this name (its pid inside).
-DOCTOR_RE = re.compile(r"ocpc-doctor-(\d+)\.bin")
+DOCTOR_RE = re.compile(r"ocpc-doctor-([0-9]+)\.bin")  # ASCII digits only: \d takes any script's
 
 
 def is_slot_file_name(name: str) -> bool:

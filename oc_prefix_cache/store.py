@@ -10,13 +10,15 @@ Format: docs/index-format.md.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import IndexCorrupt, StoreError
+from .errors import IndexCorrupt, LockTimeout, StoreError
 from .files import file_lock, write_atomic
 from .slotfile import kind_of
 
@@ -106,9 +108,13 @@ class Store:
         self.lock_path = lock_path
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Exclusive across processes (flock) for a read-modify-write of the index."""
-        with file_lock(self.lock_path):
+    def locked(self, *, timeout: float | None = None) -> Iterator[None]:
+        """Exclusive across processes (flock) for a read-modify-write of the index.
+
+        ``timeout``: give up with ``LockTimeout`` after that many seconds (a prepare has a
+        deadline; only ``ocpc gc`` run by hand may wait for ever).
+        """
+        with file_lock(self.lock_path, timeout=timeout):
             yield
 
     def load(self) -> Index:
@@ -135,11 +141,68 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot write {self.index_path}: {exc}") from exc
 
-    def update(self, change: Callable[[Index], None]) -> Index:
+    def update(self, change: Callable[[Index], None], *, timeout: float | None = None) -> Index:
         """Load, change and save the index under the lock; returns the saved index."""
-        with self.locked():
+        with self.locked(timeout=timeout):
             index = self.load()
             change(index)
             self.save(index)
             return index
 
+
+
+class UsageLog:
+    """Uses of files (restores and hits), noted in memory, written to the index rarely.
+
+    A head served only by hits must not age out of gc's TTL, but a hit may not write the
+    index (it answers in about a millisecond). So uses are noted here and written by the
+    daemon's background thread at most every ``interval`` seconds, and at shutdown. A use
+    lost to a crash costs at most that much of a file's age.
+    """
+
+    def __init__(self, store: Store, *, interval: float = 300.0) -> None:
+        self.store = store
+        self.interval = interval
+        self._guard = threading.Lock()
+        self._used: dict[str, int] = {}  # key -> unix seconds of the latest use
+        self._current: dict[str, str] = {}  # slot key -> file key now in that slot
+        self._last_flush = time.monotonic()
+
+    def note(self, key: str, *, slot: str | None = None, when: int | None = None) -> None:
+        with self._guard:
+            self._used[key] = max(self._used.get(key, 0), int(time.time()) if when is None else when)
+            if slot is not None:
+                self._current[slot] = key
+
+    def due(self) -> bool:
+        with self._guard:
+            return bool(self._used or self._current) and time.monotonic() - self._last_flush >= self.interval
+
+    def flush(self, *, timeout: float | None = 10.0) -> None:
+        """Write the noted uses (entries that no longer exist are skipped); StoreError on failure."""
+        with self._guard:
+            used, current = dict(self._used), dict(self._current)
+            self._used.clear()
+            self._current.clear()
+            self._last_flush = time.monotonic()
+        if not used and not current:
+            return
+
+        def change(index: Index) -> None:
+            for key, when in used.items():
+                entry = index.entries.get(key)
+                if entry is not None and when > entry.last_used:
+                    entry.last_used = when
+            for slot, key in current.items():
+                if key in index.entries:
+                    index.current[slot] = key
+
+        try:
+            self.store.update(change, timeout=timeout)
+        except (StoreError, LockTimeout):
+            with self._guard:  # keep them for the next try
+                for key, when in used.items():
+                    self._used[key] = max(self._used.get(key, 0), when)
+                for slot, key in current.items():
+                    self._current.setdefault(slot, key)
+            raise

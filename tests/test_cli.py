@@ -15,7 +15,7 @@ runner = CliRunner()
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
-    assert result.stdout.strip() == f"ocpc {__version__}"
+    assert result.stdout.strip().startswith(f"ocpc {__version__}, plugin ")
 
 
 def test_rig_info_json_names_the_server_source(monkeypatch, tmp_path) -> None:

@@ -157,4 +157,4 @@ def test_slot_count_does_not_move_the_fingerprint() -> None:
 
 def test_deeply_nested_body_is_a_clear_error() -> None:
     with pytest.raises(BadRequestBody, match="nested"):
-        parse_body(b"[" * 100_000 + b"]" * 100_000)
+        parse_body(b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")

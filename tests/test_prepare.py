@@ -1,9 +1,14 @@
-"""The prepare path against the real llama-server and tiny models (both architectures)."""
+"""The prepare path against the real llama-server and tiny models (both architectures).
+
+A "turn" here is what the plugin does: prepare, send the real request, report what the
+server reused (which ties the slot's new state to the conversation).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,10 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.files import file_lock
 from oc_prefix_cache.prepare import Preparer, PrepareResult
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.slot_client import SlotClient, Timings
 from oc_prefix_cache.store import Entry, Store
+from oc_prefix_cache.tracker import SlotTracker
 
 from .helpers import (
     PROJ_A,
@@ -33,30 +41,52 @@ BOTH = pytest.mark.parametrize("model", ["qwen35", "qwen3"])
 
 
 class CountingTransport(httpx.HTTPTransport):
-    """Counts the calls that reach the server: the hit path must make none."""
+    """Counts the calls that reach the server; ``after`` hooks run a callback after a path."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[str] = []
+        self.after: dict[str, Callable[[], None]] = {}
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.calls.append(f"{request.method} {request.url.path}")
-        return super().handle_request(request)
+        self.calls.append(f"{request.method} {request.url.path}" + (f"?{request.url.query.decode()}"
+                                                                      if request.url.query else ""))
+        response = super().handle_request(request)
+        hook = self.after.pop(f"{request.method} {request.url.path}?{request.url.query.decode()}", None)
+        if hook is not None:
+            response.read()
+            hook()
+        return response
+
+    def changes(self) -> list[str]:
+        return [c for c in self.calls if "action=" in c or c.startswith("POST /completion")]
 
 
 class Rig:
     """A Preparer on a running server, with what the tests look at."""
 
-    def __init__(self, url: str) -> None:
-        self.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
+    def __init__(self, url: str, *, tracker: SlotTracker | None = None) -> None:
+        self.url = url
+        self.settings = Settings.from_env(dict(os.environ))  # OC_PREFIX_CACHE_BASE_URL stays the default
         self.transport = CountingTransport()
         self.client = SlotClient(url, transport=self.transport)
         self.store = Store(index_path=self.settings.index_path, lock_path=self.settings.lock_path)
-        self.preparer = Preparer(settings=self.settings, client=self.client, store=self.store)
+        self.preparer = Preparer(settings=self.settings, client=self.client, store=self.store, tracker=tracker)
 
-    def prepare(self, name_or_body: str | dict[str, Any], session: str = "ses_1") -> PrepareResult:
+    def prepare(self, name_or_body: str | dict[str, Any], session: str = "ses_1", **headers: str) -> PrepareResult:
         raw = capture_bytes(name_or_body) if isinstance(name_or_body, str) else json.dumps(name_or_body).encode()
-        return self.preparer.prepare(raw, {"User-Agent": UA, "x-session-id": session})
+        return self.preparer.prepare(raw, {"User-Agent": UA, "x-session-id": session, **headers})
+
+    def turn(self, name_or_body: str | dict[str, Any], session: str = "ses_1") -> tuple[PrepareResult, Timings]:
+        """Prepare, send the real request, report: the plugin's whole cycle."""
+        result = self.prepare(name_or_body, session)
+        body = capture(name_or_body) if isinstance(name_or_body, str) else name_or_body
+        timings = chat(self.url, body)
+        if result.fingerprint:
+            self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n,
+                                 prompt_n=timings.prompt_n, prepare_id=result.prepare_id,
+                                 predicted_n=timings.predicted_n)
+        return result, timings
 
     def slot_files(self) -> list[Path]:
         return sorted(self.settings.slot_dir.glob("oc-prefix-*.bin"))
@@ -66,9 +96,9 @@ class Rig:
 def prep(llama_server) -> Iterator[Callable[..., tuple[Any, Rig]]]:
     rigs: list[Rig] = []
 
-    def make(model: str = "qwen35", **kwargs: Any) -> tuple[Any, Rig]:
+    def make(model: str = "qwen35", *, tracker: SlotTracker | None = None, **kwargs: Any) -> tuple[Any, Rig]:
         server = llama_server(model, **kwargs)
-        rig = Rig(server.url)
+        rig = Rig(server.url, tracker=tracker)
         rigs.append(rig)
         return server, rig
 
@@ -77,7 +107,7 @@ def prep(llama_server) -> Iterator[Callable[..., tuple[Any, Rig]]]:
         rig.client.close()
 
 
-def assert_served(timings, result: PrepareResult) -> None:
+def assert_served(timings: Timings, result: PrepareResult) -> None:
     assert result.prefix_tokens > 7000
     assert timings.cache_n >= 0.9 * result.prefix_tokens, (timings, result)
 
@@ -95,22 +125,22 @@ def test_warm_then_new_session_in_same_process_is_a_hit(prep, model: str) -> Non
 
 
 @BOTH
-def test_later_turns_of_a_session_are_hits_without_a_server_call(prep, model: str) -> None:
+def test_later_turns_of_a_session_are_hits_with_one_slots_look(prep, model: str) -> None:
     server, rig = prep(model)
-    assert rig.prepare(PROJ_A, session="ses_a").action == "warmed"
-    chat(server.url, capture(PROJ_A))
+    first, _ = rig.turn(PROJ_A, session="ses_a")
+    assert first.action == "warmed"
     rig.transport.calls.clear()
     turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
     assert turn2.action == "hit", turn2
-    assert rig.transport.calls == []
-    assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
+    assert rig.transport.calls == ["GET /slots"]  # the restart witness, nothing else
+    timings = chat(server.url, capture(PROJ_A_TURN2))
+    assert_served(timings, turn2)
 
 
 @BOTH
 def test_after_a_server_restart_the_head_is_restored_and_gated(prep, model: str) -> None:
     server, rig = prep(model)
-    warmed = rig.prepare(PROJ_A, session="ses_a")
-    chat(server.url, capture(PROJ_A))
+    warmed, _ = rig.turn(PROJ_A, session="ses_a")
     server.restart()
     restored = rig.prepare(PROJ_B, session="ses_b")
     assert restored.action == "restored", restored
@@ -124,8 +154,7 @@ def test_new_session_after_another_sessions_turn(prep, model: str, expected: str
     """A hybrid slot that ran session A's turn cannot roll back to the head: it restores.
     A transformer reuses the common prefix: a hit."""
     server, rig = prep(model)
-    rig.prepare(PROJ_A, session="ses_a")
-    chat(server.url, capture(PROJ_A))
+    rig.turn(PROJ_A, session="ses_a")
     second = rig.prepare(PROJ_B, session="ses_b")
     assert second.action == expected, second
     assert_served(chat(server.url, capture(PROJ_B)), second)
@@ -191,19 +220,19 @@ def test_same_shape_other_weights_model_is_never_restored_from_the_old_file(prep
     assert result.fingerprint != original.fingerprint
 
 
-def _corrupt_truncate(path: Path, rig: Rig) -> None:
+def _corrupt_truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
 
 
-def _corrupt_flip(path: Path, rig: Rig) -> None:
+def _corrupt_flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 64):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-def _corrupt_flip_tokens(path: Path, rig: Rig) -> None:
+def _corrupt_flip_tokens(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[100] ^= 0x01  # inside the token list
     path.write_bytes(bytes(data))
@@ -212,10 +241,9 @@ def _corrupt_flip_tokens(path: Path, rig: Rig) -> None:
 @pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_flip_tokens])
 def test_corrupted_file_fails_the_gate_and_is_rebuilt(prep, corrupt) -> None:
     server, rig = prep("qwen35")
-    warmed = rig.prepare(PROJ_A)
-    chat(server.url, capture(PROJ_A))
+    warmed, _ = rig.turn(PROJ_A)
     server.restart()
-    corrupt(rig.slot_files()[0], rig)
+    corrupt(rig.slot_files()[0])
     result = rig.prepare(PROJ_B, session="ses_b")
     assert result.action == "warmed", result
     assert "gate failed" in result.reason
@@ -224,7 +252,7 @@ def test_corrupted_file_fails_the_gate_and_is_rebuilt(prep, corrupt) -> None:
     assert_served(chat(server.url, capture(PROJ_B)), result)
 
 
-def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep, llama_server) -> None:
+def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep) -> None:
     server, rig = prep("qwen35")
     warmed = rig.prepare(PROJ_A)
     server.stop()
@@ -241,55 +269,77 @@ def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep, llama
     assert_served(chat(server.url, capture(PROJ_B)), result)
 
 
-def test_a_reported_miss_reproves_the_file_and_a_second_miss_rebuilds_it(prep) -> None:
+def test_reported_misses_only_make_the_file_prove_itself_again(prep) -> None:
+    """Defect 3: misses (contention, another client) never condemn a file; two in a row
+    used to erase the slot and re-prefill a head that was fine."""
     server, rig = prep("qwen35")
     warmed = rig.prepare(PROJ_A)
     chat(server.url, capture(PROJ_A))
-    verdict = rig.preparer.report(fingerprint=warmed.fingerprint, cache_n=0, prompt_n=7499)
-    assert verdict["verdict"] == "missed"
-    again = rig.prepare(PROJ_B, session="ses_b")
-    assert again.action == "restored" and "gated" in again.reason, again  # not trusted on its proof
-    rig.preparer.report(fingerprint=again.fingerprint, cache_n=10, prompt_n=7489)
-    third = rig.prepare(capture(PROJ_A), session="ses_c")
-    assert third.action == "warmed" and "2 real requests in a row missed" in third.reason, third
-    assert rig.preparer.stats.counters["report_missed"] == 2
-    ok = rig.preparer.report(fingerprint=third.fingerprint, cache_n=third.prefix_tokens, prompt_n=354)
-    assert ok["verdict"] == "served"
+    path = rig.slot_files()[0]
+    mtime = path.stat().st_mtime_ns
+    for session in ("ses_b", "ses_c", "ses_d"):
+        last = rig.preparer.report(fingerprint=warmed.fingerprint, cache_n=0, prompt_n=7499)
+        assert last["verdict"] == "missed"
+        again = rig.prepare(PROJ_B, session=session)
+        assert again.action == "restored" and "gated" in again.reason, again  # re-proved, not trusted, not rebuilt
+        chat(server.url, capture(PROJ_B))
+    assert path.stat().st_mtime_ns == mtime
+    assert rig.preparer.stats.counters["report_missed"] == 3
+    assert rig.preparer.stats.counters["warmed"] == 1
+
+
+def test_a_probe_that_fails_because_another_request_took_the_slot_does_not_condemn_the_file(prep) -> None:
+    """Defect 3: a foreign request lands between the restore and the probe (really: the
+    test sends it at that moment); the probe fails, but the file is not blamed. (No RAM
+    prompt cache, which would otherwise stash the restored head and hand it back.)"""
+    server, rig = prep("qwen35", extra_args=("--metrics", "--cache-ram", "0"))
+    warmed, _ = rig.turn(PROJ_A)
+    server.restart()
+    path = rig.slot_files()[0]
+    mtime = path.stat().st_mtime_ns
+    rig.transport.after["POST /slots/0?action=restore"] = lambda: chat(server.url, capture(TITLE))
+    contended = rig.prepare(PROJ_B, session="ses_b")
+    assert contended.action == "failed" and "contention" in contended.reason, contended
+    assert rig.preparer.stats.counters["contended"] == 1
+    assert rig.preparer.stats.counters["gate_failed"] == 0
+    assert path.stat().st_mtime_ns == mtime  # not rebuilt
+    after = rig.prepare(PROJ_B, session="ses_c")
+    assert after.action == "restored" and "gated" in after.reason, after
+    assert_served(chat(server.url, capture(PROJ_B)), after)
 
 
 @BOTH
 def test_a_conversation_going_on_after_a_restart_gets_its_head_back(prep, model: str) -> None:
     server, rig = prep(model)
-    rig.prepare(PROJ_A, session="ses_a")
-    chat(server.url, capture(PROJ_A))
+    rig.turn(PROJ_A, session="ses_a")
     server.restart()
-    rig.preparer.watch()  # the daemon's watcher does this every second
-    turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
+    turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")  # no watcher: the prepare itself sees it
     assert turn2.action == "restored", turn2
     assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
 
 
 def test_the_watcher_leaves_a_live_conversation_alone(prep) -> None:
     server, rig = prep("qwen35")
-    rig.prepare(PROJ_A, session="ses_a")
-    rig.preparer.watch()
-    chat(server.url, capture(PROJ_A))
+    rig.turn(PROJ_A, session="ses_a")
     rig.preparer.watch()
     rig.transport.calls.clear()
     assert rig.prepare(PROJ_A_TURN2, session="ses_a").action == "hit"
-    assert rig.transport.calls == []
+    assert rig.transport.changes() == []
 
 
-def test_the_index_records_the_file(prep) -> None:
-    _, rig = prep("qwen35")
+def test_the_index_records_the_file_under_the_server_it_serves(prep) -> None:
+    """Defect 7: the index's `current` key names the server the Preparer serves, not
+    OC_PREFIX_CACHE_BASE_URL (whose default, 8080, is not this server's port)."""
+    server, rig = prep("qwen35")
+    assert rig.settings.base_url != server.url
     warmed = rig.prepare(PROJ_A)
     index = rig.store.load()
     entry = index.entries[warmed.fingerprint]
-    assert entry.file == f"oc-prefix-{warmed.fingerprint}.bin"
+    assert entry.file == f"oc-prefix-{warmed.fingerprint}.bin" and entry.kind == "head"
     assert entry.prefix_tokens == warmed.prefix_tokens
     assert entry.bytes == (rig.settings.slot_dir / entry.file).stat().st_size
     assert entry.harness == "opencode/1.18.33"
-    assert list(index.current.values()) == [warmed.fingerprint]
+    assert index.current == {f"{server.url}#slot0": warmed.fingerprint}
     assert warmed.tools_in_head is True
 
 
@@ -303,7 +353,7 @@ def test_server_without_slot_save_path_fails_open_with_the_fix(prep) -> None:
 def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
     monkeypatch.setenv("OC_PREFIX_CACHE_KEEP_RECENT", "0")
     _, rig = prep("qwen3")
-    rig.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": rig.client.base_url})
+    rig.settings = Settings.from_env(dict(os.environ))
     rig.preparer.settings = rig.settings
     old_fp = "00000000000000aa"
     rig.settings.slot_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +367,10 @@ def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
         model="m", server_build="b", harness="h")))
     warmed = rig.prepare(PROJ_A)
     assert warmed.action == "warmed"
+    for _ in range(100):  # gc runs off the request path, just after the save
+        if not old_file.exists():
+            break
+        time.sleep(0.05)
     assert not old_file.exists() and stranger.exists()
     assert (rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin").exists()
     assert list(rig.store.load().entries) == [warmed.fingerprint]
@@ -345,17 +399,15 @@ def test_kv_cache_type_from_the_servers_flags_moves_the_fingerprint(prep) -> Non
 
 
 def test_another_conversation_going_on_is_left_to_the_server(prep) -> None:
-    """A's later turn after B took the slot: restoring the head would wipe B's and A's own
-    cached state for 7k tokens, so ocpc leaves the slot alone (the server's cache decides)."""
+    """A's later turn after B took the slot: restoring the head would wipe B's live state
+    (and A's cached head) for 7k tokens, so ocpc leaves the slot alone."""
     server, rig = prep("qwen35")
-    rig.prepare(PROJ_A, session="ses_a")
-    chat(server.url, capture(PROJ_A))
-    assert rig.prepare(PROJ_B, session="ses_b").action == "restored"
-    chat(server.url, capture(PROJ_B))
+    rig.turn(PROJ_A, session="ses_a")
+    assert rig.turn(PROJ_B, session="ses_b")[0].action == "restored"
     rig.transport.calls.clear()
     turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
     assert turn2.action == "skipped" and "conversation going on" in turn2.reason, turn2
-    assert not [c for c in rig.transport.calls if "action=" in c or "/completion" in c]  # slot untouched
+    assert rig.transport.changes() == []
 
 
 def test_a_failed_warm_leaves_no_stale_view_behind(prep) -> None:
@@ -373,3 +425,172 @@ def test_a_failed_warm_leaves_no_stale_view_behind(prep) -> None:
     again = rig.prepare(PROJ_B, session="ses_b")  # the slot holds the other head now, not A's
     assert again.action == "restored" and again.fingerprint == first.fingerprint, again
     assert_served(chat(server.url, capture(PROJ_B)), again)
+
+
+# -- defect 2: plans keyed by what the server renders ---------------------------------------
+def test_a_template_that_prints_the_date_gets_a_new_plan_never_a_stale_restore(prep, rig) -> None:
+    """Llama 3.2's template prints `Today Date: <date_string>` before the system text, so the
+    same request renders another head on another day."""
+    template = rig.source_tree / "models" / "templates" / "meta-llama-Llama-3.2-3B-Instruct.jinja"
+    server, ocpc = prep("qwen35", extra_args=("--chat-template-file", str(template)))
+    monday = capture(PROJ_A) | {"chat_template_kwargs": {"date_string": "30 Nov 2026"}}
+    tuesday = capture(PROJ_B) | {"chat_template_kwargs": {"date_string": "01 Dec 2026"}}
+    first = ocpc.prepare(monday, session="ses_mon")
+    assert first.action == "warmed", first
+    second = ocpc.prepare(tuesday, session="ses_tue")
+    assert second.action == "warmed" and second.fingerprint != first.fingerprint, second
+    timings = chat(server.url, tuesday)
+    assert timings.cache_n >= 0.9 * second.prefix_tokens, (timings, second)
+    back = ocpc.prepare(capture(PROJ_B) | {"chat_template_kwargs": {"date_string": "30 Nov 2026"}}, session="ses_3")
+    assert back.action == "restored" and back.fingerprint == first.fingerprint, back
+
+
+# -- defect 4: one deadline per prepare -----------------------------------------------------
+def test_a_prepare_waiting_for_a_busy_slot_fails_open_within_its_budget(prep) -> None:
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with rig.preparer.tracker.slot_lock(rig.preparer.server, 0, deadline=Deadline.after(30)):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    rig.transport.calls.clear()
+    started = time.monotonic()
+    result = rig.prepare(capture(PROJ_B), session="ses_b", **{"x-ocpc-budget-ms": "1500"})
+    took = time.monotonic() - started
+    release.set()
+    holder.join()
+    assert result.action == "failed" and "busy" in result.reason, result
+    assert took < 3.0
+    assert rig.transport.changes() == []
+
+
+def test_a_prepare_that_gets_the_slot_too_late_does_not_change_it(prep) -> None:
+    """The plugin forwards when its budget is spent; a slot change after that would land
+    under the real request. Within SLOT_CHANGE_MARGIN_S of the end, nothing starts."""
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    server.restart()  # the next new session must restore: a slot-changing action
+    held = threading.Event()
+
+    def hold() -> None:
+        with rig.preparer.tracker.slot_lock(rig.preparer.server, 0, deadline=Deadline.after(30)):
+            held.set()
+            time.sleep(1.5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    rig.transport.calls.clear()
+    result = rig.prepare(PROJ_B, session="ses_b", **{"x-ocpc-budget-ms": "3000"})
+    holder.join()
+    assert result.action == "failed" and "not starting" in result.reason, result
+    assert rig.transport.changes() == []
+
+
+def test_a_held_index_lock_does_not_hold_up_a_prepare_past_its_budget(prep) -> None:
+    _, rig = prep("qwen3")
+    holding = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with file_lock(rig.settings.lock_path):
+            holding.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(5)
+    started = time.monotonic()
+    result = rig.prepare(PROJ_A, session="ses_a", **{"x-ocpc-budget-ms": "20000"})
+    took = time.monotonic() - started
+    done.set()
+    holder.join()
+    assert result.action == "warmed" and "not recorded in the index" in result.reason, result
+    assert took < 20
+
+
+# -- defect 5: what the slot holds is proven, not assumed -----------------------------------
+def test_a_long_foreign_prompt_is_not_taken_for_the_head_on_a_transformer(prep) -> None:
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    foreign = capture(PROJ_A)
+    foreign["messages"][0]["content"] = "You are someone else entirely. " * 1200
+    foreign.pop("tools")
+    chat(server.url, foreign)  # bypasses ocpc (another client, or a 413 / back-off in the plugin)
+    result = rig.prepare(PROJ_B, session="ses_b")
+    assert result.action == "restored", result
+    assert_served(chat(server.url, capture(PROJ_B)), result)
+
+
+def test_a_restore_by_another_daemon_is_noticed(prep) -> None:
+    """Slot actions do not change id_task; the slot's token count does."""
+    server, mine = prep("qwen35")
+    theirs = Rig(server.url, tracker=SlotTracker())  # another daemon: its own tracker
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    assert theirs.prepare(other, session="ses_x").action == "warmed"
+    assert mine.prepare(PROJ_A, session="ses_a").action == "warmed"
+    assert theirs.prepare(other, session="ses_y").action == "restored"  # proven: no probe, no task
+    result = mine.prepare(PROJ_B, session="ses_b")
+    assert result.action == "restored", result
+    assert_served(chat(server.url, capture(PROJ_B)), result)
+    theirs.client.close()
+
+
+# -- defect 7: two servers saving the same head at once --------------------------------------
+class BarrierTransport(httpx.HTTPTransport):
+    """Holds every save until both servers' saves have arrived, so they run at once."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if "action=save" in str(request.url):
+            self.barrier.wait(30)
+        return super().handle_request(request)
+
+
+def test_two_servers_saving_one_fingerprint_at_once_do_not_collide(llama_server) -> None:
+    servers = [llama_server("qwen3"), llama_server("qwen3")]  # same model, same slot folder
+    barrier = threading.Barrier(2)
+    settings = Settings.from_env(dict(os.environ))
+    preparers = [Preparer(settings=settings, client=SlotClient(s.url, transport=BarrierTransport(barrier)),
+                          store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+                 for s in servers]
+    results: list[PrepareResult] = []
+    threads = [threading.Thread(target=lambda p=p: results.append(
+        p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": "s"}))) for p in preparers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.action for r in results] == ["warmed", "warmed"], results
+    assert results[0].fingerprint == results[1].fingerprint
+    assert sorted(p.name for p in settings.slot_dir.iterdir()) == [f"oc-prefix-{results[0].fingerprint}.bin"]
+    for server in servers:  # the one file that won serves both
+        server.restart()
+    for preparer, server in zip(preparers, servers, strict=True):
+        again = preparer.prepare(capture_bytes(PROJ_B), {"User-Agent": UA, "x-session-id": "t"})
+        assert again.action == "restored" and "gated" in again.reason, again
+        preparer.client.close()
+
+
+# -- defect 8: uses recorded off the request path -------------------------------------------
+def test_hits_move_last_used_without_writing_the_index_on_the_request_path(prep) -> None:
+    _, rig = prep("qwen3")
+    warmed, _ = rig.turn(PROJ_A, session="ses_a")
+    old = int(time.time()) - 10 * 86400
+    rig.store.update(lambda index: setattr(index.entries[warmed.fingerprint], "last_used", old))
+    written = rig.settings.index_path.stat().st_mtime_ns
+    assert rig.prepare(PROJ_A_TURN2, session="ses_a").action == "hit"
+    assert rig.settings.index_path.stat().st_mtime_ns == written
+    rig.preparer.flush_usage()  # the daemon's background thread does this every few minutes
+    assert rig.store.load().entries[warmed.fingerprint].last_used >= int(time.time()) - 5

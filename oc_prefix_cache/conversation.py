@@ -1,0 +1,150 @@
+"""Recognise a conversation's next turn without parsing it again.
+
+A coding agent re-sends the whole conversation on every turn: a 100k-token session is a
+0.5 MB body, and parsing plus hashing all of it costs more than the 2 ms a turn may
+spend here. But a next turn is the previous body with messages appended and everything
+else (model, tools, options) unchanged, so it is recognised with string compares: the
+text up to the end of the previous ``messages`` is the same, the text after it is the
+same, and what lies between parses as the new messages. Only those are parsed and hashed.
+
+The slow path (a new session, or a body that is not a plain extension) parses the body
+once with the same scanner, which also yields where ``messages`` ends and one digest per
+message (of its exact text) for matching parked conversations by their message chain.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from .errors import BadRequestBody
+
+_DECODER = json.JSONDecoder()
+_WS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class ParsedBody:
+    """A chat body parsed once, with what later turns are recognised by."""
+
+    data: dict[str, Any]
+    text: str
+    msg_end: int  # index of the ']' that closes the top-level "messages" array
+    digests: tuple[str, ...]  # one per message, of its exact text
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.data["messages"]
+        return messages
+
+
+@dataclass(frozen=True)
+class Trail:
+    """The last body a conversation sent: enough to recognise its next turn."""
+
+    text: str
+    msg_end: int
+    digests: tuple[str, ...]
+    session: str
+
+    @classmethod
+    def of(cls, body: ParsedBody, *, session: str) -> Trail:
+        return cls(text=body.text, msg_end=body.msg_end, digests=body.digests, session=session)
+
+
+def parse(text: str) -> ParsedBody:
+    """Parse a JSON chat body, noting where ``messages`` ends and each message's digest."""
+    data: dict[str, Any] = {}
+    i = _skip(text, 0)
+    if i >= len(text) or text[i] != "{":
+        raise BadRequestBody("body is not a JSON object")
+    i = _skip(text, i + 1)
+    msg_end, digests = -1, tuple[str, ...]()
+    while i < len(text) and text[i] != "}":
+        key, i = _decode(text, i)
+        if not isinstance(key, str):
+            raise BadRequestBody("body has a non-string key")
+        i = _skip(text, i)
+        if i >= len(text) or text[i] != ":":
+            raise BadRequestBody("body is not valid JSON (expected ':')")
+        i = _skip(text, i + 1)
+        if key == "messages" and i < len(text) and text[i] == "[":
+            value, digests, msg_end, i = _messages(text, i)
+        else:
+            value, i = _decode(text, i)
+        data[key] = value
+        i = _skip(text, i)
+        if i < len(text) and text[i] == ",":
+            i = _skip(text, i + 1)
+        elif i < len(text) and text[i] != "}":
+            raise BadRequestBody("body is not valid JSON (expected ',' or '}')")
+    if i >= len(text) or _skip(text, i + 1) != len(text):
+        raise BadRequestBody("body is not valid JSON (trailing or missing data)")
+    messages = data.get("messages")
+    if msg_end < 0 or not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise BadRequestBody("body has no 'messages' list of objects")
+    return ParsedBody(data=data, text=text, msg_end=msg_end, digests=digests)
+
+
+def follow(trail: Trail, text: str) -> tuple[str, ...] | None:
+    """The message digests of ``text`` if it is ``trail``'s conversation gone on, else None.
+
+    Cost: two compares of the previous body's length, plus parsing the appended messages.
+    """
+    head, tail = trail.text[: trail.msg_end], trail.text[trail.msg_end:]
+    if len(text) < len(trail.text) or not text.startswith(head) or not text.endswith(tail):
+        return None
+    middle = text[trail.msg_end: len(text) - len(tail)].strip(_WS)
+    if not middle:
+        return trail.digests
+    if trail.digests:
+        if not middle.startswith(","):
+            return None
+        middle = middle[1:]
+    try:
+        _, added, end, _ = _messages("[" + middle + "]", 0)
+    except BadRequestBody:
+        return None
+    return trail.digests + added if end == len(middle) + 1 else None
+
+
+def digest(text: str) -> str:
+    return xxhash.xxh64_hexdigest(text.encode())
+
+
+def _messages(text: str, i: int) -> tuple[list[Any], tuple[str, ...], int, int]:
+    """Parse the array at ``text[i] == '['``: values, per-element digests, index of ']', next index."""
+    values: list[Any] = []
+    digests: list[str] = []
+    i = _skip(text, i + 1)
+    while i < len(text) and text[i] != "]":
+        value, end = _decode(text, i)
+        values.append(value)
+        digests.append(digest(text[i:end]))
+        i = _skip(text, end)
+        if i < len(text) and text[i] == ",":
+            i = _skip(text, i + 1)
+        elif i < len(text) and text[i] != "]":
+            raise BadRequestBody("body is not valid JSON (expected ',' or ']' in messages)")
+    if i >= len(text):
+        raise BadRequestBody("body is not valid JSON (messages never end)")
+    return values, tuple(digests), i, i + 1
+
+
+def _decode(text: str, i: int) -> tuple[Any, int]:
+    try:
+        return _DECODER.raw_decode(text, i)
+    except json.JSONDecodeError as exc:
+        raise BadRequestBody(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestBody("body is nested too deeply to be a chat request") from exc
+
+
+def _skip(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    return i

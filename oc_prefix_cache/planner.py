@@ -1,0 +1,146 @@
+"""The head planner: this request rendered as the server will, and its exact head tokens.
+
+``/apply-template`` renders the whole body exactly as chat completions will (every field
+the server feeds to the template goes with it: ``chat_template_kwargs``,
+``reasoning_effort``, ...). Tokenizing the whole rendered prompt and keeping the longest
+token prefix that ends at the head's marker gives a strict token prefix of the real
+request; tokenizing the cut text alone could merge differently at the cut.
+
+Plans are keyed by the *rendered* head, never by the request text: a template that prints
+today's date before the marker (Llama 3.x, gpt-oss) renders another head after midnight,
+which must be another fingerprint, never a stale restore; and the probe tokens (the few
+tokens after the head that prove a restore) always come from this request.
+
+Cost. Tokenizing a whole 7.5k-token prompt with pieces takes ~25 ms on the test machine,
+more than a new session may spend here. So the first time a head is seen, the planner
+tokenizes the whole prompt and checks that the tokens after the head equal the tokens of
+the text after the head tokenized alone; when they do (a BPE tokenizer with a pre-token
+boundary at the cut, which the marker gives), later requests with that head tokenize
+only their tail (~1 ms). A head that fails the check is always tokenized whole. The
+known heads are kept in a small LRU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from . import __version__
+from .deadline import Deadline
+from .errors import OcpcError
+from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
+from .head import Head, locate_head
+from .slot_client import SlotClient
+
+PROBE_TOKENS = 4  # tokens of the real prompt after the head, for the reuse probe
+MAX_HEADS = 64
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """A head resolved against one server, for one request."""
+
+    fingerprint: str
+    tokens: tuple[int, ...]  # the head's exact tokens
+    request_tokens: tuple[int, ...]  # the whole request as the server will tokenize it
+    prompt: str  # the whole request as the server renders it
+    head_chars: int  # characters of ``prompt`` the head's tokens cover
+    tools_in_head: bool  # False when the template renders tools after the marker
+    harness: str
+    model: str
+    split: bool  # the tail was tokenized on its own (the head's split was checked once before)
+
+    @property
+    def probe(self) -> tuple[int, ...]:
+        """This request's next tokens after the head: proving a restore with them leaves the
+        slot holding a strict prefix of the very request that follows."""
+        n = len(self.tokens)
+        return self.request_tokens[n: n + PROBE_TOKENS]
+
+
+@dataclass(frozen=True)
+class _KnownHead:
+    tokens: tuple[int, ...]
+    chars: int  # characters of the rendered prompt the tokens cover
+    splittable: bool  # tail tokenized alone == tail of the whole tokenization
+
+
+class HeadPlanner:
+    """Thread-safe; one per process. Known heads keyed by fingerprint (which covers the
+    rendered head text and the server's identity), LRU-bounded."""
+
+    def __init__(self, *, max_heads: int = MAX_HEADS) -> None:
+        self._guard = threading.Lock()
+        self._heads: OrderedDict[str, _KnownHead] = OrderedDict()
+        self._max = max_heads
+
+    def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
+             harness: str, deadline: Deadline | None = None) -> HeadPlan:
+        prompt = client.apply_template(body, deadline=deadline)
+        offset = locate_head(prompt, head)
+        if offset is None:
+            raise OcpcError("the chat template changed the system text; cannot find the head in the prompt")
+        fp = fingerprint(FingerprintInputs(server=server, harness=harness, ocpc_version=__version__,
+                                           head=head, rendered_head=prompt[:offset]))
+        known = self._known(fp)
+        split = known is not None and known.splittable
+        if known is not None and split:
+            tail = client.tokenize(prompt[known.chars:], add_special=False, deadline=deadline)
+            tokens = known.tokens + tuple(tail)
+        else:
+            known, tokens = self._learn(client, prompt, offset, deadline=deadline)
+            self._remember(fp, known)
+        tools_at = prompt.find(f'"name": "{first_tool_name(body)}"')
+        return HeadPlan(fingerprint=fp, tokens=known.tokens, request_tokens=tokens, prompt=prompt,
+                        head_chars=known.chars, tools_in_head=0 <= tools_at < offset, harness=harness,
+                        model=head.model, split=split)
+
+    def distrust(self, fingerprint: str) -> None:
+        """A real request missed a head planned from split tokenization: tokenize whole from now on."""
+        with self._guard:
+            known = self._heads.get(fingerprint)
+            if known is not None and known.splittable:
+                self._heads[fingerprint] = _KnownHead(known.tokens, known.chars, splittable=False)
+
+    def _learn(self, client: SlotClient, prompt: str, offset: int, *,
+               deadline: Deadline | None) -> tuple[_KnownHead, tuple[int, ...]]:
+        pieces = client.tokenize_pieces(prompt, deadline=deadline)
+        limit, used, n = len(prompt[:offset].encode()), 0, 0
+        for _, raw in pieces:
+            if used + len(raw) > limit:
+                break
+            used += len(raw)
+            n += 1
+        if n == 0:
+            raise OcpcError("the head is empty after rendering; nothing to cache")
+        tokens = tuple(t for t, _ in pieces)
+        chars = len(prompt.encode()[:used].decode(errors="ignore"))
+        tail = client.tokenize(prompt[chars:], add_special=False, deadline=deadline)
+        return _KnownHead(tokens[:n], chars, splittable=tuple(tail) == tokens[n:]), tokens
+
+    def _known(self, fp: str) -> _KnownHead | None:
+        with self._guard:
+            known = self._heads.get(fp)
+            if known is not None:
+                self._heads.move_to_end(fp)
+            return known
+
+    def _remember(self, fp: str, known: _KnownHead) -> None:
+        with self._guard:
+            self._heads[fp] = known
+            self._heads.move_to_end(fp)
+            while len(self._heads) > self._max:
+                self._heads.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._heads)
+
+
+def first_tool_name(body: dict[str, object]) -> str:
+    tools = body.get("tools")
+    first = tools[0] if isinstance(tools, list) and tools and isinstance(tools[0], dict) else {}
+    function = first.get("function") if isinstance(first.get("function"), dict) else first
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else "\x00"
