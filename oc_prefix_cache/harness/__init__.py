@@ -1,0 +1,21 @@
+"""Harness adapters: what the proxy knows about each coding agent (see docs/harnesses.md).
+
+``select`` picks the adapter for a request; each adapter says how its harness's body is
+normalised, where its stable head ends and which conversation a request belongs to.
+"""
+
+from __future__ import annotations
+
+from .base import Adapter, Incoming, select
+from .claude_code import ClaudeCodeAdapter
+from .generic import GenericAdapter
+from .opencode import OpenCodeAdapter
+from .pi import PiAdapter
+
+DEFAULT_ADAPTERS: tuple[Adapter, ...] = (OpenCodeAdapter(), ClaudeCodeAdapter(), PiAdapter())
+NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
+
+__all__ = [
+    "DEFAULT_ADAPTERS", "NAMES", "Adapter", "ClaudeCodeAdapter", "GenericAdapter", "Incoming",
+    "OpenCodeAdapter", "PiAdapter", "select",
+]

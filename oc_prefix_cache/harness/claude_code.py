@@ -1,0 +1,135 @@
+"""Claude Code (``claude-cli/<version>`` over ``/v1/messages``): three normalisations and a cut.
+
+Measured on Claude Code 2.1.332 (shared/captures/claude-code-2.1.332*), against llama-server b11434:
+
+* **Head**: the tools, then the system text up to and including
+  ``You have a persistent file-based memory at ` ``. The per-project memory path follows that
+  marker and is the only per-project or per-user byte in the system prompt, so everything before
+  it is shared by every session of one Claude Code version and mode. A system prompt without the
+  marker (a subagent's, or ``--exclude-dynamic-system-prompt-sections``) has no per-project part:
+  the whole system text is the head.
+* **Body changes** (each named in the returned change list):
+
+  - ``drop-billing-header``: the system block ``x-anthropic-billing-header: cc_version=<v>.<fp>;
+    cc_entrypoint=...;`` is dropped. ``<fp>`` is a hash of characters of the conversation's first
+    prompt, so it differs between sessions and would end the shared prefix 47 characters into
+    the system prompt. It is billing metadata, not an instruction; Claude Code itself drops it
+    with ``CLAUDE_CODE_ATTRIBUTION_HEADER=0`` (the normalised body then equals that run's).
+    llama-server's own fix only rewrites a ``cch=`` field, which 2.1.332 does not send.
+  - ``system-entries-as-user``: Claude Code puts ``role: "system"`` entries inside ``messages``
+    (its environment block after the first prompt; agent lists later). llama-server passes them
+    through and the Qwen3.5 template refuses any system message after the first (HTTP 500 "System
+    message must be at the beginning"). Each becomes a user message with the same text, **in
+    place**: hoisting it into the system prompt would put per-project text before the head and
+    rewrite history every turn. Its content becomes one plain string whether it arrived as a
+    block list (turn 1, with ``cache_control``) or as a string (later turns), so a turn renders as
+    a strict extension of the one before.
+  - ``strip-cache-control``: ``cache_control`` markers are removed from message blocks. Claude Code
+    moves its breakpoint to the newest block every turn; llama-server ignores the field, so it
+    changes nothing rendered, but without it each earlier message stays byte-identical across
+    turns and message digests extend.
+* **Session**: ``x-claude-code-session-id`` (or the ``session_id`` inside ``metadata.user_id``),
+  plus ``:<x-claude-code-agent-id>`` for a subagent. Subagents keep the main session id and, by
+  default, run in the background at the same time as the main agent: they are separate
+  conversations and must not share its slot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..anthropic import BILLING_PREFIX
+from ..head import Head, Skip
+from .base import Incoming, cut_head
+
+MEMORY_MARKER = "You have a persistent file-based memory at `"
+
+
+@dataclass(frozen=True)
+class ClaudeCodeAdapter:
+    name: str = "claude-code"
+    markers: tuple[str, ...] = (MEMORY_MARKER,)
+
+    def matches(self, incoming: Incoming) -> bool:
+        return incoming.api == "anthropic" and incoming.user_agent.startswith("claude-cli/")
+
+    def normalise(self, incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:
+        body = incoming.body
+        changes: list[str] = []
+        system = body.get("system")
+        if isinstance(system, list):
+            kept = [block for block in system if not _is_billing_block(block)]
+            if len(kept) != len(system):
+                body = {**body, "system": kept}
+                changes.append("drop-billing-header")
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            normalised, message_changes = _normalise_messages(messages)
+            if message_changes:
+                body = {**body, "messages": normalised}
+                changes.extend(message_changes)
+        return (body, tuple(changes)) if changes else (incoming.body, ())
+
+    def head(self, chat: dict[str, Any]) -> Head | Skip:
+        return cut_head(chat, markers=self.markers, include_marker=True, whole_without_marker=True)
+
+    def session(self, incoming: Incoming) -> str | None:
+        session = incoming.header("x-claude-code-session-id") or _metadata_session(incoming.body)
+        if session is None:
+            return None
+        agent = incoming.header("x-claude-code-agent-id")
+        return f"{session}:{agent}" if agent else session
+
+
+def _normalise_messages(messages: list[Any]) -> tuple[list[Any], list[str]]:
+    changes: list[str] = []
+    if any(_role(m) == "system" for m in messages):
+        messages = [_system_as_user(m) if _role(m) == "system" else m for m in messages]
+        changes.append("system-entries-as-user")
+    stripped = [_without_cache_control(m) for m in messages]
+    if any(new is not old for new, old in zip(stripped, messages)):
+        changes.append("strip-cache-control")
+    return stripped, changes
+
+
+def _role(message: Any) -> str | None:
+    role = message.get("role") if isinstance(message, dict) else None
+    return role if isinstance(role, str) else None
+
+
+def _is_billing_block(block: Any) -> bool:
+    text = block.get("text") if isinstance(block, dict) else None
+    return isinstance(text, str) and text.startswith(BILLING_PREFIX)
+
+
+def _system_as_user(message: dict[str, Any]) -> dict[str, Any]:
+    """A system entry as a user message: one string when it is all text, else its blocks."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return {"role": "user", "content": "".join(t for t in texts if isinstance(t, str))}
+    return {"role": "user", "content": content}
+
+
+def _without_cache_control(message: Any) -> Any:
+    """The message without ``cache_control`` in its blocks; the same object when it has none."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not any(isinstance(b, dict) and "cache_control" in b for b in content):
+        return message
+    blocks = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in content]
+    return {**message, "content": blocks}
+
+
+def _metadata_session(body: dict[str, Any]) -> str | None:
+    """``metadata.user_id`` is a JSON string holding ``device_id``, ``account_uuid``, ``session_id``."""
+    metadata = body.get("metadata")
+    raw = metadata.get("user_id") if isinstance(metadata, dict) else None
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    session = parsed.get("session_id") if isinstance(parsed, dict) else None
+    return session if isinstance(session, str) and session else None

@@ -1,0 +1,36 @@
+"""Any other agent: OpenCode's rules with configurable markers, and no body changes at all.
+
+Most agents (Codex, Aider, Crush, Qwen Code...) only take a base URL. Without knowing their
+prompts we can still cache a head when the operator names the marker where the volatile part of
+the system prompt starts (``OC_PREFIX_CACHE_MARKERS``); without a marker in the prompt the
+request simply passes (``Skip``). The session comes from the common affinity headers when an
+agent sends them. This adapter is the fallback of ``select``: it never changes a byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..head import Head, Skip
+from .base import Incoming, first_header, head_by_markers, unchanged
+
+SESSION_HEADERS = ("x-session-affinity", "x-session-id")
+
+
+@dataclass(frozen=True)
+class GenericAdapter:
+    markers: tuple[str, ...] = ("<env>",)
+    name: str = "generic"
+
+    def matches(self, incoming: Incoming) -> bool:
+        return True
+
+    def normalise(self, incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:
+        return unchanged(incoming)
+
+    def head(self, chat: dict[str, Any]) -> Head | Skip:
+        return head_by_markers(chat, self.markers)
+
+    def session(self, incoming: Incoming) -> str | None:
+        return first_header(incoming, SESSION_HEADERS)

@@ -1,0 +1,304 @@
+"""The harness adapters on the captured requests of each harness, and their heads on the real server.
+
+The requests in tests/data/<harness>/ are copied unchanged from shared/captures/<harness>/ (a run's
+``0001-POST-….json`` is saved as ``<run>.json``; the subagent captures keep their names).
+
+Project B: the captures keep project B's bodies out of this folder on purpose (tests must not be
+tuned to them), but their READMEs name every byte in which B1 differs from A1 (Claude Code: the
+project name in the memory path and the cwd, and the commit hash; pi: the cwd). ``project_b``
+applies exactly those differences to A1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oc_prefix_cache.anthropic import to_chat
+from oc_prefix_cache.harness import (
+    DEFAULT_ADAPTERS,
+    NAMES,
+    Adapter,
+    ClaudeCodeAdapter,
+    GenericAdapter,
+    Incoming,
+    OpenCodeAdapter,
+    PiAdapter,
+    select,
+)
+from oc_prefix_cache.harness.claude_code import MEMORY_MARKER
+from oc_prefix_cache.head import Head, Skip, locate_head, tokens_before
+from oc_prefix_cache.slot_client import SlotClient
+
+DATA = Path(__file__).parent / "data"
+CC = DATA / "claude-code-2.1.332"
+CC_SUB = DATA / "claude-code-2.1.332-subagent"
+PI = DATA / "pi-0.73.1"
+OC = DATA / "opencode-1.18.33"
+OC_SUB = DATA / "opencode-1.18.33-subagent"
+ALL = frozenset(NAMES)
+
+
+def incoming(path: Path) -> Incoming:
+    """A captured request as the proxy sees it (header names lower-cased)."""
+    if path.parent == OC:
+        headers = json.loads((OC / "headers_and_hashes.json").read_text())[path.name]["headers"]
+        body = json.loads(path.read_text())
+    else:
+        data = json.loads(path.read_text())
+        headers, body = dict(data["headers"]), data["body_json"]
+    api = "anthropic" if "messages" in path.name or path.parent in (CC, CC_SUB) else "openai"
+    return Incoming(api=api, headers={k.lower(): v for k, v in headers.items()}, body=body)
+
+
+def project_b(request: Incoming) -> Incoming:
+    """Run A1 as it would be in project B (the differences the capture READMEs list)."""
+    text = json.dumps(request.body).replace("projA", "projB").replace("d27dc81", "75f6d74")
+    return Incoming(api=request.api, headers=request.headers, body=json.loads(text))
+
+
+def chat_of(adapter: Adapter, request: Incoming) -> dict[str, Any]:
+    """The chat body the core renders: normalised, then converted when it is Anthropic."""
+    body, _ = adapter.normalise(request)
+    return to_chat(body) if request.api == "anthropic" else body
+
+
+def head_of(adapter: Adapter, request: Incoming) -> Head:
+    head = adapter.head(chat_of(adapter, request))
+    assert isinstance(head, Head), head
+    return head
+
+
+CC_A1, CC_A2, CC_A2C, CC_ATTR0 = (incoming(CC / f"{run}.json") for run in ("A1", "A2", "A2-continue", "A3-attr0"))
+CC_MAIN1, CC_SUB1, CC_SUB2, CC_MAIN2 = (incoming(p) for p in sorted(CC_SUB.glob("000*.json")))
+PI_A1, PI_A2, PI_A2C = (incoming(PI / f"{run}.json") for run in ("A1", "A2", "A2-continue"))
+PI_AFF1, PI_AFF2C = incoming(PI / "A1-affinity.json"), incoming(PI / "A2-continue-affinity.json")
+OC_A, OC_B, OC_A2 = (incoming(OC / f"{name}.json") for name in (
+    "02_projA_turn1_main_request", "03_projB_turn1_main_request", "04_projA_turn2_main_request"))
+OC_TITLE, OC_MAIN1, OC_SUB1, OC_SUB2, OC_MAIN2 = (incoming(p) for p in sorted(OC_SUB.glob("000*.json")))
+
+
+# -- selection and switching off ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("request_", "name"), [
+    (CC_A1, "claude-code"), (CC_SUB1, "claude-code"), (PI_A1, "pi"), (PI_AFF1, "pi"), (PI_A2C, "pi"),
+    (OC_A, "opencode"), (OC_TITLE, "opencode"), (OC_SUB1, "opencode"),
+])
+def test_each_capture_selects_its_harness(request_: Incoming, name: str) -> None:
+    assert select(request_, enabled=ALL).name == name
+
+
+def test_lookalikes_fall_to_generic() -> None:
+    """pi's User-Agent is the OpenAI JS SDK's: another agent with it is not pi."""
+    messages = [{"role": "system", "content": "You are another agent."}, PI_A1.body["messages"][1]]
+    other_js = Incoming(api="openai", headers=PI_A1.headers, body={**PI_A1.body, "messages": messages})
+    assert select(other_js, enabled=ALL).name == "generic"
+    as_openai = Incoming(api="openai", headers=CC_A1.headers, body=to_chat(CC_A1.body))
+    assert select(as_openai, enabled=ALL).name == "generic"
+    no_agent = Incoming(api="anthropic", headers={}, body=CC_A1.body)
+    assert select(no_agent, enabled=ALL).name == "generic"
+
+
+@pytest.mark.parametrize("request_", [CC_A1, CC_SUB2, PI_AFF1, OC_A, OC_SUB1])
+def test_switched_off_the_body_passes_unchanged(request_: Incoming) -> None:
+    own = select(request_, enabled=ALL).name
+    adapter = select(request_, enabled=ALL - {own})
+    assert adapter.name == "generic"
+    before = json.dumps(request_.body)
+    body, changes = adapter.normalise(request_)
+    assert body is request_.body and changes == ()
+    assert json.dumps(request_.body) == before
+    assert select(request_, enabled=frozenset()).normalise(request_)[0] is request_.body
+
+
+def test_only_claude_code_changes_bodies() -> None:
+    for request_ in (PI_A1, PI_AFF2C, OC_A, OC_MAIN2, OC_SUB2):
+        adapter = select(request_, enabled=ALL)
+        assert adapter.normalise(request_) == (request_.body, ()) and adapter.normalise(request_)[0] is request_.body
+    assert GenericAdapter(markers=("x",)).normalise(CC_A1)[0] is CC_A1.body
+
+
+def test_select_takes_a_configured_generic_and_adapter_list() -> None:
+    generic = GenericAdapter(markers=("\nCurrent date: ",))
+    assert select(PI_A1, enabled=frozenset(), fallback=generic) is generic
+    assert select(PI_A1, enabled=ALL, adapters=[OpenCodeAdapter()]).name == "generic"
+    assert [a.name for a in DEFAULT_ADAPTERS] == ["opencode", "claude-code", "pi"]
+    assert isinstance(generic.head(PI_A1.body), Head)
+
+
+# -- Claude Code's normalisations -----------------------------------------------------------------------------
+
+
+def test_claude_code_drops_the_billing_header_like_attribution_off() -> None:
+    body, changes = ClaudeCodeAdapter().normalise(CC_A1)
+    assert changes == ("drop-billing-header", "system-entries-as-user")
+    assert body["system"] == CC_ATTR0.body["system"]  # the CLAUDE_CODE_ATTRIBUTION_HEADER=0 run
+    assert body["system"] is not CC_A1.body["system"] and len(CC_A1.body["system"]) == 3  # input untouched
+
+
+def test_claude_code_system_entries_become_user_text_in_place() -> None:
+    for request_ in (CC_A1, CC_A2C, CC_SUB2):
+        body, _ = ClaudeCodeAdapter().normalise(request_)
+        before, after = request_.body["messages"], body["messages"]
+        assert len(after) == len(before) and not any(m["role"] == "system" for m in after)
+        for old, new in zip(before, after):
+            if old["role"] == "system":
+                text = old["content"] if isinstance(old["content"], str) else old["content"][0]["text"]
+                assert new == {"role": "user", "content": text}
+        again, changes = ClaudeCodeAdapter().normalise(Incoming(api="anthropic", headers={}, body=body))
+        assert again is body and changes == ()  # already normal: nothing more to do
+
+
+@pytest.mark.parametrize(("turn1", "turn2"), [(CC_A2, CC_A2C), (CC_MAIN1, CC_MAIN2), (CC_SUB1, CC_SUB2)])
+def test_claude_code_turns_extend_message_by_message(turn1: Incoming, turn2: Incoming) -> None:
+    """Raw, turn 2 rewrites turn 1's environment entry (block list -> string, cache_control moved)."""
+    first, second = (ClaudeCodeAdapter().normalise(t)[0]["messages"] for t in (turn1, turn2))
+    assert turn2.body["messages"][: len(turn1.body["messages"])] != turn1.body["messages"]
+    assert second[: len(first)] == first and len(second) > len(first)
+    chat1, chat2 = (to_chat(ClaudeCodeAdapter().normalise(t)[0]) for t in (turn1, turn2))
+    assert chat2["messages"][: len(chat1["messages"])] == chat1["messages"]
+
+
+# -- sessions ---------------------------------------------------------------------------------------------------
+
+
+def test_sessions() -> None:
+    main = "f1b42806-53e4-4fab-addc-d62436d681d3"
+    cc = ClaudeCodeAdapter()
+    assert cc.session(CC_MAIN1) == cc.session(CC_MAIN2) == main
+    assert cc.session(CC_SUB1) == cc.session(CC_SUB2) == f"{main}:aa86a61dd2d2754c8"  # its own conversation
+    assert cc.session(CC_A2) == cc.session(CC_A2C) != cc.session(CC_A1)
+    headless = Incoming(api="anthropic", headers={}, body=CC_A1.body)
+    assert cc.session(headless) == "b40e3850-96b7-4cdc-bcee-acc2c7bce9ee"  # from metadata.user_id
+    assert cc.session(Incoming(api="anthropic", headers={}, body={"metadata": {"user_id": "{"}})) is None
+    pi = PiAdapter()
+    assert pi.session(PI_A1) is None  # pi sends no id unless sendSessionAffinityHeaders is on
+    assert pi.session(PI_AFF1) == "01a22be1-5b88-7004-99f2-059d97024cba"
+    assert pi.session(PI_AFF2C) not in (None, pi.session(PI_AFF1))
+    oc = OpenCodeAdapter()
+    assert oc.session(OC_MAIN1) == oc.session(OC_MAIN2) == OC_MAIN1.headers["x-session-id"]
+    assert oc.session(OC_SUB1) == OC_SUB1.headers["x-session-id"] != oc.session(OC_MAIN1)
+    assert OC_SUB1.headers["x-parent-session-id"] == oc.session(OC_MAIN1)
+    assert GenericAdapter().session(OC_SUB1) == OC_SUB1.headers["x-session-affinity"]
+    assert GenericAdapter().session(PI_A1) is None
+
+
+# -- heads: the same across sessions and projects, on the text -------------------------------------------------
+
+
+def test_claude_code_head_is_shared_and_ends_at_the_memory_marker() -> None:
+    cc = ClaudeCodeAdapter()
+    heads = [head_of(cc, r) for r in (CC_A1, CC_A2, CC_A2C, CC_ATTR0, project_b(CC_A1), CC_MAIN1, CC_MAIN2)]
+    assert all(h == heads[0] for h in heads)
+    assert heads[0].system_head.endswith(MEMORY_MARKER) and heads[0].n_tools == 12
+    assert heads[0].system_head.startswith("You are a Claude agent, built on Anthropic's Claude Agent SDK.")
+    sub = [head_of(cc, r) for r in (CC_SUB1, CC_SUB2)]
+    assert sub[0] == sub[1] and sub[0].n_tools == 10 and MEMORY_MARKER not in sub[0].system_head
+    assert sub[0].system_head.startswith("You are a Claude agent")  # no per-project part: the whole prompt
+
+
+def test_pi_head_is_shared_and_stops_before_the_date() -> None:
+    pi = PiAdapter()
+    heads = [head_of(pi, r) for r in (PI_A1, PI_A2, PI_A2C, project_b(PI_A1), PI_AFF1, PI_AFF2C)]
+    assert all(h == heads[0] for h in heads)
+    assert heads[0].marker == "\nCurrent date: "
+    assert heads[0].system_head.endswith("(e.g., tui.md for TUI API details)")
+    assert "cache_control" not in heads[0].tools_json and heads[0].n_tools == 4
+    for marker in ("\n\n# Project Context\n\n", "\n\nThe following skills provide specialized instructions"):
+        messages = [{"role": "system", "content": PI_A1.body["messages"][0]["content"].replace(
+            "\nCurrent date: ", marker + "per-project text\nCurrent date: ")}, PI_A1.body["messages"][1]]
+        head = pi.head({**PI_A1.body, "messages": messages})
+        assert isinstance(head, Head) and head.marker == marker
+        assert (head.tools_json, head.system_head) == (heads[0].tools_json, heads[0].system_head)
+    developer = [{**PI_A1.body["messages"][0], "role": "developer"}, PI_A1.body["messages"][1]]
+    assert pi.head({**PI_A1.body, "messages": developer}) == heads[0]
+
+
+def test_opencode_head_is_shared_and_skips_the_title_request() -> None:
+    oc = OpenCodeAdapter()
+    assert head_of(oc, OC_A) == head_of(oc, OC_B) == head_of(oc, OC_A2)
+    main, sub = head_of(oc, OC_MAIN1), head_of(oc, OC_SUB1)
+    assert main == head_of(oc, OC_MAIN2) and sub == head_of(oc, OC_SUB2)
+    assert main.system_head == sub.system_head and main.tools_json != sub.tools_json  # the subagent has fewer tools
+    assert isinstance(oc.head(OC_TITLE.body), Skip)
+    assert GenericAdapter().head(OC_A.body) == head_of(oc, OC_A)
+
+
+def test_heads_skip_what_has_no_head() -> None:
+    cc, pi = ClaudeCodeAdapter(), PiAdapter()
+    no_tools = {k: v for k, v in CC_A1.body.items() if k != "tools"}
+    assert isinstance(cc.head(to_chat(no_tools)), Skip)
+    assert isinstance(cc.head(to_chat({**CC_A1.body, "system": None})), Skip)
+    assert isinstance(pi.head({**PI_A1.body, "messages": [PI_A1.body["messages"][1]]}), Skip)
+    plain = [{"role": "system", "content": "no footer here"}, PI_A1.body["messages"][1]]
+    assert isinstance(pi.head({**PI_A1.body, "messages": plain}), Skip)
+    assert isinstance(pi.head({**PI_A1.body, "lora": [{"id": 0, "scale": 1}]}), Skip)
+
+
+# -- heads on the real server: identical tokens, a strict prefix of every request ------------------------------
+
+
+def rendered(client: SlotClient, chat: dict[str, Any], *, generation_prompt: bool = True) -> tuple[str, list[int]]:
+    body = chat if generation_prompt else {**chat, "add_generation_prompt": False}
+    prompt = client.apply_template(body)
+    return prompt, [token for token, _ in client.tokenize_pieces(prompt)]
+
+
+def head_tokens(client: SlotClient, adapter: Adapter, request: Incoming) -> tuple[list[int], list[int]]:
+    """The head's tokens cut as the core cuts them, and the whole request's tokens."""
+    chat = chat_of(adapter, request)
+    head = adapter.head(chat)
+    assert isinstance(head, Head)
+    prompt = client.apply_template(chat)
+    offset = locate_head(prompt, head)
+    assert offset is not None
+    pieces = client.tokenize_pieces(prompt)
+    return tokens_before(pieces, len(prompt[:offset].encode())), [token for token, _ in pieces]
+
+
+@pytest.mark.rig
+def test_heads_are_strict_token_prefixes_on_the_real_server(llama_server: Any) -> None:
+    server = llama_server("qwen35", ctx_size=2048)
+    with SlotClient(server.url) as client:
+        groups: list[tuple[Adapter, list[Incoming]]] = [
+            (ClaudeCodeAdapter(), [CC_A1, CC_A2, project_b(CC_A1), CC_A2C, CC_MAIN2]),
+            (ClaudeCodeAdapter(), [CC_SUB1, CC_SUB2]),
+            (PiAdapter(), [PI_A1, PI_A2, project_b(PI_A1), PI_AFF1, PI_AFF2C]),
+            (OpenCodeAdapter(), [OC_A, OC_A2, OC_B]),
+            (OpenCodeAdapter(), [OC_MAIN1, OC_MAIN2]),
+        ]
+        for adapter, requests in groups:
+            cuts = [head_tokens(client, adapter, r) for r in requests]
+            head = cuts[0][0]
+            for tokens, whole in cuts:
+                assert tokens == head, adapter.name
+                assert whole[: len(head)] == head and len(whole) > len(head), adapter.name
+        # the Qwen3.5 template renders the tools first: the head holds all of them, then the system text
+        for adapter, request_ in ((ClaudeCodeAdapter(), CC_A1), (PiAdapter(), PI_A1), (OpenCodeAdapter(), OC_A)):
+            prompt = client.apply_template(chat_of(adapter, request_))
+            head = adapter.head(chat_of(adapter, request_))
+            assert isinstance(head, Head)
+            assert prompt.index("</tools>") < (locate_head(prompt, head) or 0), adapter.name
+
+
+@pytest.mark.rig
+def test_a_turn_renders_as_a_strict_extension_of_the_last(llama_server: Any) -> None:
+    """Turn 1 without its generation prompt is a token prefix of turn 2: the conversation's
+    tokens stay in the slot. Both forms of Claude Code's environment entry render the same."""
+    server = llama_server("qwen35", ctx_size=2048)
+    with SlotClient(server.url) as client:
+        pairs: list[tuple[Adapter, Incoming, Incoming]] = [
+            (ClaudeCodeAdapter(), CC_A2, CC_A2C), (ClaudeCodeAdapter(), CC_MAIN1, CC_MAIN2),
+            (ClaudeCodeAdapter(), CC_SUB1, CC_SUB2), (PiAdapter(), PI_A2, PI_A2C),
+            (OpenCodeAdapter(), OC_MAIN1, OC_MAIN2),
+        ]
+        for adapter, turn1, turn2 in pairs:
+            _, first = rendered(client, chat_of(adapter, turn1), generation_prompt=False)
+            _, second = rendered(client, chat_of(adapter, turn2))
+            assert second[: len(first)] == first and len(second) > len(first), (adapter.name, len(first))
+        # pi's anthropic cache-control format changes the JSON, not the prompt
+        assert rendered(client, PI_A1.body) == rendered(client, PI_AFF1.body)
