@@ -26,7 +26,7 @@ in it must be parked first (see ``Occupant``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -68,6 +68,8 @@ class Action:
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
+    if slot.restarted:  # whatever was known belonged to the old server process
+        slot = replace(slot, known=False, holds_head=None, exact=False, holds_conversation="")
     if request.skip is not None or request.head is None:
         return Action("skip", request.skip or "no head")
     if request.continues_slot and slot.known and not slot.restarted:

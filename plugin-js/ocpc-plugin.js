@@ -531,16 +531,20 @@ async function countsFromJson(reader) {
 
 // llama-server: timings.{cache_n, prompt_n} (preferred), or the OpenAI-style usage, where
 // cached_tokens are the reused ones and the rest were processed. Without cached_tokens the
-// reuse is unknown: no report rather than a wrong "0 reused".
+// reuse is unknown: no report rather than a wrong "0 reused". The generated count
+// (predicted_n) lets the daemon tie the slot's new contents to this request.
 function countsFromChunk(chunk) {
   const timings = chunk?.timings;
-  if (isCount(timings?.cache_n) && isCount(timings?.prompt_n)) {
-    return { cache_n: timings.cache_n, prompt_n: timings.prompt_n, source: "timings" };
-  }
   const usage = chunk?.usage;
+  const generated = isCount(timings?.predicted_n) ? timings.predicted_n
+    : isCount(usage?.completion_tokens) ? usage.completion_tokens : null;
+  const withGenerated = (counts) => (generated === null ? counts : { ...counts, predicted_n: generated });
+  if (isCount(timings?.cache_n) && isCount(timings?.prompt_n)) {
+    return withGenerated({ cache_n: timings.cache_n, prompt_n: timings.prompt_n, source: "timings" });
+  }
   const cached = usage?.prompt_tokens_details?.cached_tokens;
   if (isCount(usage?.prompt_tokens) && isCount(cached) && cached <= usage.prompt_tokens) {
-    return { cache_n: cached, prompt_n: usage.prompt_tokens - cached, source: "usage" };
+    return withGenerated({ cache_n: cached, prompt_n: usage.prompt_tokens - cached, source: "usage" });
   }
   return null;
 }
@@ -553,6 +557,7 @@ async function sendReport(fingerprint, prepareId, counts, settings, log) {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), settings.reportTimeoutMs);
   const payload = { fingerprint, cache_n: counts.cache_n, prompt_n: counts.prompt_n };
+  if (counts.predicted_n !== undefined) payload.predicted_n = counts.predicted_n;
   if (prepareId) payload.prepare_id = prepareId;
   try {
     const response = await globalThis.fetch(`${settings.daemonUrl}/v1/report`, {

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +22,7 @@ from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
 from oc_prefix_cache.store import Store
 
-from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, UA, capture, capture_bytes, chat
+from .helpers import CAPTURES, PROJ_A, PROJ_A_TURN2, PROJ_B, UA, capture, capture_bytes, chat
 
 
 def settings_for(url: str) -> Settings:
@@ -178,5 +181,69 @@ def test_daemon_listens_on_ipv6_loopback_too() -> None:
     try:
         assert runner.url.startswith("http://[::1]:")
         assert httpx.get(f"{runner.url}/health").json()["status"] == "ok"
+    finally:
+        runner.stop()
+
+
+# -- compatibility: the plugin a user installed earlier keeps working ------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("plugin", ["tests/data/plugin-0.1.0/ocpc-plugin.js", "plugin-js/ocpc-plugin.js"])
+def test_the_previous_and_the_current_plugin_drive_the_new_daemon(daemon_for, plugin: str, tmp_path: Path) -> None:
+    """`ocpc install` copies the plugin; an upgrade of the package must not break a copy
+    that is already installed. Both talk to the new daemon through a real fetch chain."""
+    node = shutil.which("node")
+    assert node, "node is needed to run the OpenCode plugin"
+    server, runner = daemon_for("qwen35")
+    log = tmp_path / "plugin.jsonl"
+    turns = [f"{CAPTURES / PROJ_A}:ses_a", f"{CAPTURES / PROJ_A_TURN2}:ses_a", f"{CAPTURES / PROJ_B}:ses_b"]
+    proc = subprocess.run([node, str(ROOT / "tests/node/drive_plugin.mjs"), str(ROOT / plugin), runner.url,
+                           server.url, str(log), *turns], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    sent = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [s["status"] for s in sent] == [200, 200, 200], sent
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    actions = [e["action"] for e in events if e["ev"] == "prepare"]
+    assert len(actions) == 3 + sum(s["retried"] for s in sent), actions  # a retry is prepared again
+    assert actions[0] == "warmed" and actions[-1] == "restored", actions
+    # the old plugin does not wait for its report before the next prepare, so its second turn
+    # may find the slot not yet tied to the conversation: then it is left alone ("skipped")
+    assert set(actions[1:-1]) <= ({"hit", "skipped"} if "0.1.0" in plugin else {"hit"}), actions
+    counters = runner.preparer.status()["counters"]
+    assert counters["report_served"] >= 2 and counters.get("report_missed", 0) == 0, counters
+
+
+@pytest.mark.rig
+def test_a_turn_sent_the_moment_a_restarted_server_answers_is_never_a_false_hit(daemon_for) -> None:
+    """Defect 1: the hit path used to make no server call, and a restart was noticed by a
+    1-second watcher; a turn arriving within that second was told `hit` on an empty slot.
+    Like an on-demand starter, send the turn as soon as /health answers 200, 20 times."""
+    server, runner = daemon_for("qwen35")
+    first = post_prepare(runner.url, PROJ_A, "ses_a")
+    head = first["prefix_tokens"]
+    for i in range(20):
+        timings = chat(server.url, capture(PROJ_A_TURN2))
+        httpx.post(f"{runner.url}/v1/report", json={"fingerprint": first["fingerprint"], "cache_n": timings.cache_n,
+                                                    "prompt_n": timings.prompt_n})
+        server.restart()  # returns the moment /health answers 200
+        answer = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
+        after = chat(server.url, capture(PROJ_A_TURN2))
+        assert not (answer["action"] == "hit" and after.cache_n < 0.9 * head), (i, answer, after)
+        assert answer["action"] == "restored", (i, answer)
+        assert after.cache_n >= 0.9 * head, (i, after)
+
+
+def test_reading_the_status_from_a_web_page_is_refused() -> None:
+    """DNS rebinding: a page could read /v1/status (paths, models, sessions) through GET."""
+    runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
+    runner.start()
+    try:
+        for headers in ({"Origin": "https://evil.example"}, {"Host": "evil.example"}):
+            for path in ("/v1/status", "/health"):
+                answer = httpx.get(f"{runner.url}{path}", headers=headers)
+                assert answer.status_code == 403, (path, headers, answer.text)
+        assert httpx.get(f"{runner.url}/health").status_code == 200
     finally:
         runner.stop()
