@@ -111,6 +111,7 @@ class Daemon:
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def serve_forever(self) -> None:
+        log.info("ocpc daemon %s on %s for llama-server %s", __version__, self.url, self.server_url)
         if not self._watcher.is_alive():
             self._watcher.start()
         self._serving = True

@@ -35,7 +35,7 @@ from .decision import Action, FileState, RequestFacts, SlotFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
 from .executor import Contended, Done, Executor, GateFailed
 from .gates import likely_cause, served_from_head
-from .head import MAX_BODY_BYTES, Head, Skip, extract_head, from_parsed, harness_of
+from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of
 from .planner import HeadPlan, HeadPlanner
 from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings
@@ -47,6 +47,8 @@ from .tracker import Holding, Observation, Seen, SlotTracker
 log = logging.getLogger("ocpc.prepare")
 
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
+#: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
+HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
 
 
@@ -117,13 +119,22 @@ class Preparer:
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
-                deadline: Deadline | None = None) -> PrepareResult:
+                deadline: Deadline | None = None, session: str | None = None,
+                head_of: HeadRule | None = None) -> PrepareResult:
+        """Make ``slot`` ready for the chat-completions body ``raw``; never raises.
+
+        ``session``: the conversation's id when the caller knows it (a harness adapter),
+        else the ``x-session-id`` header. ``head_of``: the harness's rule for the stable
+        head (default: tools + first system text before the earliest configured marker).
+        """
         started = time.perf_counter()
         lower = {k.lower(): v for k, v in headers.items()}
         deadline = deadline or Deadline.from_budget_ms(lower.get("x-ocpc-budget-ms"))
         slot = self.settings.slot if slot is None else slot
+        session = lower.get("x-session-id", "") if session is None else session
+        rule = head_of or (lambda data: extract_head(_Chat(data), self.settings.markers))
         try:
-            result = self._prepare(raw, lower, slot, deadline)
+            result = self._prepare(raw, lower, slot, deadline, session, rule)
         except BadRequestBody as exc:
             result = PrepareResult("skipped", reason=str(exc))
         except (DeadlineExceeded, LockTimeout) as exc:
@@ -200,28 +211,28 @@ class Preparer:
                 "events": list(self.stats.events),
                 "last_report": self.stats.last_report,
                 "tracker": self.tracker.snapshot().get(self.server, {}),
-                "suspect": [],
             }
 
     # -- the flow ----------------------------------------------------------------------
-    def _prepare(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline) -> PrepareResult:
+    def _prepare(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
+                 head_of: HeadRule) -> PrepareResult:
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BadRequestBody(f"body is not UTF-8 JSON ({exc})") from exc
-        session = headers.get("x-session-id", "")
         hit = self._same_conversation(text, session, slot, deadline)
         if hit is not None:
             return hit
         parsed = parse(text)
         body = from_parsed(parsed)
-        head = extract_head(body, self.settings.markers)
+        head = head_of(body.data)
         if isinstance(head, Skip):
             return PrepareResult("skipped", reason=head.reason)
         conversation = session or _chain_id(parsed.digests)
-        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv())
+        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
+                                 deadline=deadline)
         if not server.model_files:
             raise OcpcError(
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
@@ -403,6 +414,11 @@ class Preparer:
         level = logging.WARNING if result.action == "failed" else logging.INFO
         log.log(level, "%s %s %d tokens %.1f ms: %s", result.action, result.fingerprint,
                 result.prefix_tokens, result.elapsed_ms, result.reason)
+
+
+def _Chat(data: dict[str, Any]) -> ChatBody:
+    messages = data.get("messages")
+    return ChatBody(data=data, messages=messages if isinstance(messages, list) else [])
 
 
 def _in_a_thread(job: Callable[[], None]) -> None:

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import xxhash
 
-from .errors import OcpcError, ServerError, ServerHTTPError
+from .deadline import Deadline
+from .errors import OcpcError
 from .fingerprint import (
     KV_FLAGS,
     ServerIdentity,
@@ -39,32 +40,17 @@ from .slot_client import SlotClient
 DEFAULT_PORT = 8080  # llama-server's --port when not given
 
 
-def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] | None = None) -> ServerIdentity:
+def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] | None = None,
+                    deadline: Deadline | None = None) -> ServerIdentity:
     """/props, plus the active LoRA adapters: two quick calls, once per new session."""
-    props = client.props()
+    props = client.props(deadline=deadline)
     identity = identity_from_props(props, binary=binary, argv=argv)
-    return replace(identity, lora=adapter_settings(lora_adapters(client)))
+    return replace(identity, lora=adapter_settings(client.lora_adapters(deadline=deadline)))
 
 
 def lora_adapters(client: SlotClient) -> list[dict[str, Any]]:
-    """``GET /lora-adapters``: every loaded adapter with its current global scale.
-
-    A build without the endpoint (404/405) has no runtime adapters to change; its
-    start-up ``--lora`` flags are in the fingerprint through ``kv_settings``.
-    """
-    try:
-        response = client._call("GET", "/lora-adapters", timeout=client.timeouts.quick)
-    except ServerHTTPError as exc:
-        if exc.status in (404, 405):
-            return []
-        raise
-    try:
-        data = response.json()
-    except ValueError as exc:
-        raise ServerError(f"{client.base_url}/lora-adapters answered with invalid JSON") from exc
-    if not isinstance(data, list):
-        raise ServerError(f"{client.base_url}/lora-adapters did not return a list of adapters")
-    return [item for item in data if isinstance(item, dict)]
+    """``GET /lora-adapters`` (see ``SlotClient.lora_adapters``)."""
+    return client.lora_adapters()
 
 
 def kv_types(argv: list[str] | None) -> str:

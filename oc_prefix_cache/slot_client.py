@@ -111,6 +111,24 @@ class SlotClient:
                     continue
         return out
 
+    def lora_adapters(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /lora-adapters``: every loaded adapter with its global scale ([] on builds
+        without the endpoint, which cannot change adapters at runtime)."""
+        try:
+            response = self._call("GET", "/lora-adapters",
+                                  timeout=self._within(self.timeouts.quick, deadline, "read /lora-adapters"))
+        except ServerHTTPError as exc:
+            if exc.status in (404, 405):
+                return []
+            raise
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise ServerError(f"{self.base_url}/lora-adapters answered with invalid JSON") from exc
+        if not isinstance(data, list):
+            raise ServerError(f"{self.base_url}/lora-adapters did not return a list of adapters")
+        return [item for item in data if isinstance(item, dict)]
+
     def apply_template(self, body: dict[str, Any], *, deadline: Deadline | None = None) -> str:
         data = self._json("POST", "/apply-template", json=body,
                           timeout=self._within(self.timeouts.quick, deadline, "render the request"))

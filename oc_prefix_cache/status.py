@@ -112,7 +112,7 @@ def daemon_part(settings: Settings) -> dict[str, Any]:
               for e in (daemon.get("events") or [])[-5:]]
     return {"url": url, "up": True, "server_url": (data.get("server") or {}).get("url"),
             "counters": counters, "fail_opens": counters.get("failed", 0), "recent": recent,
-            "last_report": daemon.get("last_report"), "suspect": daemon.get("suspect", [])}
+            "last_report": daemon.get("last_report")}
 
 
 def disk_part(settings: Settings) -> dict[str, Any]:
@@ -165,8 +165,6 @@ def verdict(status: dict[str, Any]) -> str:
         return f"broken: the ocpc daemon keeps {daemon['server_url']} warm, not this server; run ocpc doctor"
     if disk.get("index_error"):
         return "broken: index.json is unreadable (cleanup is off); run ocpc doctor"
-    if daemon.get("suspect"):
-        return "cold: the last real request missed the head; the next session rebuilds it"
     saved = {f["fingerprint"] for f in disk["files"]}
     if any(fp in saved for fp in disk["current"]):
         return "warm: next session starts from cache"

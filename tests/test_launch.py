@@ -71,6 +71,8 @@ def test_launch_starts_both_and_sigterm_stops_both(models, tmp_path: Path) -> No
         if launcher.poll() is None:
             stop_group(launcher, grace=5)
     assert "ready: llama-server pid" in log.read_text()
+    daemon_log = home / "logs" / "daemon.log"  # defect: launch used to write none
+    assert f"for llama-server http://127.0.0.1:{port}" in daemon_log.read_text()
 
 
 def test_argv_keeps_user_flags_and_skips_unknown_ones() -> None:
