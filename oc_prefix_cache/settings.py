@@ -48,6 +48,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_DAEMON_HOST": ("127.0.0.1", "daemon address (loopback only)"),
     "OC_PREFIX_CACHE_DAEMON_PORT": ("8765", "daemon port"),
+    "OC_PREFIX_CACHE_PROXY_PORT": ("8766", "`ocpc proxy` port (loopback): the base URL other harnesses use"),
+    "OC_PREFIX_CACHE_ADAPTERS": (
+        "opencode,claude-code,pi,generic",
+        "harness adapters the proxy may use; one left out forwards its requests' bytes unchanged",
+    ),
     "OC_PREFIX_CACHE_RIG_DIR": (
         "platformdirs user cache dir (~/.cache/oc-prefix-cache/rig)",
         "where the built llama-server and tiny models are cached",
@@ -73,6 +78,8 @@ class Settings:
     markers: tuple[str, ...]
     daemon_host: str
     daemon_port: int
+    proxy_port: int = 8766
+    adapters: frozenset[str] = frozenset({"opencode", "claude-code", "pi", "generic"})
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
@@ -93,6 +100,11 @@ class Settings:
     def daemon_url(self) -> str:
         host = f"[{self.daemon_host}]" if ":" in self.daemon_host else self.daemon_host
         return f"http://{host}:{self.daemon_port}"
+
+    @property
+    def proxy_url(self) -> str:
+        host = f"[{self.daemon_host}]" if ":" in self.daemon_host else self.daemon_host
+        return f"http://{host}:{self.proxy_port}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -121,6 +133,8 @@ class Settings:
             markers=_markers(env.get("OC_PREFIX_CACHE_MARKERS", "<env>")),
             daemon_host=host,
             daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
+            proxy_port=_int(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766, minimum=1),
+            adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", "opencode,claude-code,pi,generic")),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
@@ -181,3 +195,15 @@ def _markers(raw: str) -> tuple[str, ...]:
     if not markers:
         raise ConfigError("OC_PREFIX_CACHE_MARKERS is empty; give at least one marker, e.g. '<env>'")
     return markers
+
+
+ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "generic"})
+
+
+def _adapters(raw: str) -> frozenset[str]:
+    names = frozenset(n for n in (part.strip() for part in raw.split(",")) if n)
+    unknown = names - ADAPTER_NAMES - {"none"}
+    if unknown:
+        raise ConfigError(f"OC_PREFIX_CACHE_ADAPTERS names {sorted(unknown)}; use any of "
+                          f"{sorted(ADAPTER_NAMES)}, or 'none' to change no request")
+    return names - {"none"}
