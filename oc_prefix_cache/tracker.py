@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,31 @@ class Seen:
     epoch: int
 
 
+class SlotHold:
+    """A slot held past one block (``SlotTracker.hold``): the proxy's prepare *and* forward.
+
+    Work done ``inside()`` it, in that thread, re-enters the slot's lock instead of waiting for
+    it (the prepare takes the lock for its own steps); anyone else waits. ``release`` once the
+    forwarded request has ended, from any thread; a second call does nothing.
+    """
+
+    def __init__(self, *, key: tuple[str, int], inside: Callable[[], AbstractContextManager[None]],
+                 release: Callable[[], None]) -> None:
+        self.key = key
+        self._inside = inside
+        self._release: Callable[[], None] | None = release
+        self._guard = threading.Lock()
+
+    def inside(self) -> AbstractContextManager[None]:
+        return self._inside()
+
+    def release(self) -> None:
+        with self._guard:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
 class SlotTracker:
     """Thread-safe; one per process, shared by the daemon and the proxy."""
 
@@ -125,6 +150,7 @@ class SlotTracker:
         self._guard = threading.Lock()
         self._servers: dict[str, ServerState] = {}
         self._lock_dir = lock_dir  # where per-slot file locks live, so two processes take turns too
+        self._local = threading.local()  # per thread: the slots it works in under a SlotHold
 
     # -- observations ----------------------------------------------------------------------
     def observe(self, server: str, slot: int, now: Observation) -> Seen:
@@ -226,7 +252,10 @@ class SlotTracker:
     # -- serialising work on a slot --------------------------------------------------------
     @contextmanager
     def slot_lock(self, server: str, slot: int, *, deadline: Deadline) -> Iterator[None]:
-        """Hold the slot for a prepare (and, in the proxy, its forward), bounded by the deadline."""
+        """Hold the slot for a prepare, bounded by the deadline (re-entered inside a ``SlotHold``)."""
+        if (server.rstrip("/"), slot) in self._held_here():
+            yield  # this thread works inside a hold of this slot: it has the slot already
+            return
         with self._guard:
             lock = self._server(server).slots.setdefault(slot, SlotState()).lock
         wait = deadline.remaining()
@@ -242,6 +271,33 @@ class SlotTracker:
                 yield
         finally:
             lock.release()
+
+    def hold(self, server: str, slot: int, *, deadline: Deadline) -> SlotHold:
+        """Take the slot (as ``slot_lock`` does, bounded by the deadline) and keep it until the
+        hold is released: so nothing takes the slot between a prepare and the request it served."""
+        key = (server.rstrip("/"), slot)
+        lock = self.slot_lock(server, slot, deadline=deadline)
+        lock.__enter__()  # LockTimeout propagates: nothing taken
+        held = self._held_here
+
+        @contextmanager
+        def inside() -> Iterator[None]:
+            held().add(key)
+            try:
+                yield
+            finally:
+                held().discard(key)
+
+        def release() -> None:
+            lock.__exit__(None, None, None)
+
+        return SlotHold(key=key, inside=inside, release=release)
+
+    def _held_here(self) -> set[tuple[str, int]]:
+        held: set[tuple[str, int]] | None = getattr(self._local, "held", None)
+        if held is None:
+            held = self._local.held = set()
+        return held
 
     def snapshot(self) -> dict[str, Any]:
         """For ``/v1/status``: per server, its epoch and what each slot holds."""
