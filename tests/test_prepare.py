@@ -518,7 +518,7 @@ def test_a_held_index_lock_does_not_hold_up_a_prepare_past_its_budget(prep) -> N
 
 # -- defect 5: what the slot holds is proven, not assumed -----------------------------------
 def test_a_long_foreign_prompt_is_not_taken_for_the_head_on_a_transformer(prep) -> None:
-    server, rig = prep("qwen3")
+    server, rig = prep("qwen3", extra_args=("--cache-ram", "0"))  # no RAM cache to hand the head back by luck
     rig.prepare(PROJ_A, session="ses_a")
     foreign = capture(PROJ_A)
     foreign["messages"][0]["content"] = "You are someone else entirely. " * 1200
@@ -531,10 +531,10 @@ def test_a_long_foreign_prompt_is_not_taken_for_the_head_on_a_transformer(prep) 
 
 def test_a_restore_by_another_daemon_is_noticed(prep) -> None:
     """Slot actions do not change id_task; the slot's token count does."""
-    server, mine = prep("qwen35")
+    server, mine = prep("qwen35", extra_args=("--cache-ram", "0"))
     theirs = Rig(server.url, tracker=SlotTracker())  # another daemon: its own tracker
-    other = capture(PROJ_A)
-    other["tools"] = other["tools"][:3]
+    other = capture(PROJ_A)  # a longer head: the slot's token count alone would not tell
+    other["tools"] += [t | {"function": t["function"] | {"name": t["function"]["name"] + "_mcp"}} for t in other["tools"]]
     assert theirs.prepare(other, session="ses_x").action == "warmed"
     assert mine.prepare(PROJ_A, session="ses_a").action == "warmed"
     assert theirs.prepare(other, session="ses_y").action == "restored"  # proven: no probe, no task
