@@ -1,0 +1,146 @@
+"""Slot affinity for ``-np N``: which slot a request goes to. Pure choice, plus a small table.
+
+llama-server picks a slot by itself when a request names none (the most similar prompt, else the
+least recently used), which is good for one conversation and bad for several: two conversations
+that share a 9k-token head look alike, so each turn of one may land in the slot the other just
+used, and every turn then prefills its whole history again. The proxy names the slot (``id_slot``)
+and chooses it here, by these rules, in order:
+
+1. **Its own slot.** A conversation keeps the slot it had, busy or not: its history is there, and
+   a request of the same conversation still running (a retry) ends soon; the prepare waits for it
+   within its deadline and then fails open.
+2. **A free slot that holds exactly its head** (the tracker's view: a warmed or restored head and
+   no conversation on top), least recently used first.
+3. **A free slot that holds no conversation**: a restore costs milliseconds there and evicts nobody.
+4. **A free slot that holds its head under another conversation**: on a transformer the server
+   reuses the head from it; the conversation it evicts is the prepare core's to park.
+5. **Any free slot**, least recently used first.
+6. Only when every slot is busy: the least recently used slot (the server queues the request).
+
+So a busy slot is never chosen while a free one qualifies, and a new conversation takes the slot of
+a live one only when no slot is free of conversations. What to do with a conversation that loses
+its slot (park it to disk first) is the prepare core's decision, not this module's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One slot as the chooser sees it."""
+
+    slot: int
+    busy: bool  # a request (or prepare) of ours runs in it now
+    conversation: str  # the conversation whose turns it holds ("" none known)
+    head: str  # the head fingerprint the tracker says it holds ("" none known)
+    exact_head: bool  # it holds exactly that head, nothing on top
+    last_used: float  # when a request last ended in it (0: never)
+
+
+@dataclass(frozen=True)
+class Want:
+    conversation: str  # "" unknown
+    head: str = ""  # the head fingerprint this conversation's requests prepared before ("" unknown)
+
+
+@dataclass(frozen=True)
+class Choice:
+    slot: int
+    rule: str  # which rule chose it (for logs and tests)
+
+
+def choose(slots: Sequence[SlotView], want: Want) -> Choice:
+    """The slot for a request (see the module docstring for the rules)."""
+    if not slots:
+        raise ValueError("no slots to choose from")
+    if want.conversation:
+        own = [s for s in slots if s.conversation == want.conversation]
+        if own:
+            return Choice(_lru(own).slot, "own")
+    free = [s for s in slots if not s.busy]
+    rules: list[tuple[str, list[SlotView]]] = [
+        ("exact-head", [s for s in free if want.head and s.head == want.head and s.exact_head]),
+        ("no-conversation", [s for s in free if not s.conversation]),
+        ("head", [s for s in free if want.head and s.head == want.head]),
+        ("free-lru", free),
+        ("busy-lru", list(slots)),
+    ]
+    for rule, candidates in rules:
+        if candidates:
+            return Choice(_lru(candidates).slot, rule)
+    raise AssertionError("unreachable: the last rule takes every slot")
+
+
+def _lru(candidates: Sequence[SlotView]) -> SlotView:
+    return min(candidates, key=lambda s: (s.last_used, s.slot))
+
+
+@dataclass
+class _Use:
+    conversation: str = ""
+    busy: int = 0
+    last_used: float = 0.0
+
+
+@dataclass
+class AffinityTable:
+    """What the proxy sent where: per slot, its conversation, requests in flight, last use.
+
+    Thread-safe (the proxy chooses in worker threads). The head a slot holds is not kept here but
+    read from the shared ``SlotTracker`` when choosing, so a slot the daemon restored counts too.
+    """
+
+    #: a head's cheap key (its text, as the adapter cuts it) -> the fingerprint its prepare found; lets a
+    #: new conversation find a slot holding its head before its own prepare has planned anything
+    heads: dict[str, str] = field(default_factory=dict)
+    _uses: dict[int, _Use] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    MAX_HEADS = 4096
+
+    def views(self, n_slots: int, held: dict[int, tuple[str, bool]]) -> list[SlotView]:
+        """``held``: slot -> (head fingerprint, exact) from the tracker."""
+        with self._guard:
+            return [SlotView(slot=i, busy=self._use(i).busy > 0, conversation=self._use(i).conversation,
+                             head=held.get(i, ("", False))[0], exact_head=held.get(i, ("", False))[1],
+                             last_used=self._use(i).last_used) for i in range(n_slots)]
+
+    def begin(self, slot: int, conversation: str) -> None:
+        """A request of ``conversation`` is going to ``slot`` now."""
+        with self._guard:
+            for other, use in self._uses.items():
+                if other != slot and conversation and use.conversation == conversation:
+                    use.conversation = ""  # a conversation lives in one slot at a time
+            use = self._use(slot)
+            use.busy += 1
+            use.conversation = conversation
+
+    def end(self, slot: int, *, now: float) -> None:
+        with self._guard:
+            use = self._use(slot)
+            use.busy = max(0, use.busy - 1)
+            use.last_used = now
+
+    def learn_head(self, key: str, fingerprint: str) -> None:
+        if not key or not fingerprint:
+            return
+        with self._guard:
+            if len(self.heads) >= self.MAX_HEADS:
+                self.heads.pop(next(iter(self.heads)))
+            self.heads[key] = fingerprint
+
+    def head_of(self, key: str) -> str:
+        with self._guard:
+            return self.heads.get(key, "")
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        with self._guard:
+            return {str(i): {"conversation": u.conversation, "busy": u.busy, "last_used": round(u.last_used, 3)}
+                    for i, u in sorted(self._uses.items())}
+
+    def _use(self, slot: int) -> _Use:
+        return self._uses.setdefault(slot, _Use())
