@@ -160,6 +160,33 @@ def daemon(
 
 
 @app.command()
+def proxy(
+    server: Annotated[str | None, typer.Option(
+        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help="llama-server URL (default http://127.0.0.1:8080).")] = None,
+    host: Annotated[str, typer.Option(help="Listen address (loopback only).")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(
+        envvar="OC_PREFIX_CACHE_PROXY_PORT", help="Listen port (default 8766).")] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
+) -> None:
+    """Serve llama-server's API on loopback with the prepare path in front (Claude Code, pi, others):
+    point the agent's base URL here (docs/proxy.md)."""
+    from .logs import setup_logging
+    from .proxy import Proxy, ProxyServer, build_preparer
+
+    with edge():
+        settings = Settings.from_env()
+        setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
+        url = (server or settings.base_url).rstrip("/")
+        runner = ProxyServer(Proxy(settings=settings, preparer=build_preparer(settings, server_url=url)),
+                             host=host, port=port)
+        err.print(f"ocpc proxy {__version__} on {runner.url} for llama-server {url}")
+        try:
+            runner.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
 def demo(
     model: Annotated[Path | None, typer.Option("-m", "--model", help="Your GGUF model (default: tiny hybrid).")] = None,
     server_bin: Annotated[Path | None, typer.Option(help="Your llama-server (default: the rig's CPU build).")] = None,

@@ -1,0 +1,690 @@
+"""``ocpc proxy``: the front door for agents without a plugin hook (Claude Code, pi, any other).
+
+An agent points its base URL here; every request goes on to llama-server. Chat requests
+(``POST /v1/chat/completions``, ``POST /v1/messages``) are prepared first, exactly as the OpenCode
+plugin's are (same ``Preparer``, same tracker), on a slot chosen by ``affinity.py``; all else
+(``/health``, ``/v1/models``, ``/props``, ``/tokenize``, ``count_tokens``, the web UI) passes
+untouched. Policies (docs/proxy.md):
+
+* **Fail open.** Whatever goes wrong on our side (a prepare that fails or times out, a slot that
+  stays busy past the deadline, a body we cannot parse, a bug), the request is forwarded anyway,
+  and the failure is logged and counted (``GET /ocpc/status``). Upstream errors come back as the
+  server sent them.
+* **The slot is held** from the prepare to the end of the answer (``SlotTracker.hold``), so nothing
+  of ours takes it in between; a request waiting for a held slot keeps its own deadline.
+* **Prepares run in worker threads**, never on the event loop: a minutes-long warm stalls no stream.
+* **Streams pass through as they arrive**, with back-pressure (a slow client slows the upstream
+  read); a client that goes away cancels the upstream request (llama-server then stops the task).
+  Bounds: connect, waiting for the answer's headers (prompt processing), the gap between chunks;
+  none on a whole generation.
+* **Not prepared, bytes unchanged**: a body over ``MAX_BODY_BYTES`` (streamed through, never a 413),
+  a POST from a web page (an ``Origin`` other than the proxy's own, or a non-loopback ``Host``), a
+  body that is not a JSON object (the server's own error comes back), a request whose harness
+  adapter is switched off (``OC_PREFIX_CACHE_ADAPTERS``).
+* **Anthropic requests** are sent upstream as chat completions (``anthropic.py``, exact) so they
+  can be pinned to a slot (b11434 drops ``id_slot`` from ``/v1/messages``), and the answer is
+  translated back. The reuse numbers come from the answer itself (``timings``; for Anthropic
+  clients the same numbers are the ``message_start`` usage the translator emits) and are reported
+  to the preparer in-process, which ties the slot's new contents to the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import xxhash
+
+from . import __version__
+from .affinity import AffinityTable, Want, choose
+from .anthropic import StreamTranslator, TranslationError, to_chat, to_message, upstream_body
+from .deadline import Deadline
+from .errors import ConfigError, LockTimeout, OcpcError
+from .harness import Adapter, GenericAdapter, Incoming, select
+from .head import MAX_BODY_BYTES, Head
+from .prepare import Preparer, PrepareResult
+from .settings import ADAPTER_NAMES, LOOPBACK_HOSTS, Settings
+from .slot_client import SlotClient
+from .tracker import SlotHold, SlotTracker
+
+log = logging.getLogger("ocpc.proxy")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+API_PATHS = {"/v1/chat/completions": "openai", "/chat/completions": "openai", "/v1/messages": "anthropic"}
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
+TAIL_BYTES = 64 * 1024  # the end of an answer, kept to read its timings from
+_DECODER = json.JSONDecoder()
+
+
+class _ClientGone(Exception):
+    """The client went away before its request was read."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """How long the proxy waits for each step; no bound on a whole generation."""
+
+    connect_s: float = 5.0  # llama-server is local: a refused or silent connect is quick to tell
+    headers_s: float = 1800.0  # the server answers after processing the prompt: long prompts take minutes
+    chunk_gap_s: float = 600.0  # between two chunks of an answer (a long prompt mid-stream, a tool call)
+    prepare_s: float = 240.0  # the prepare and the wait for a held slot (then the request goes on anyway)
+    slots_ttl_s: float = 30.0  # how long the server's slot count is trusted
+
+
+@dataclass
+class Plan:
+    """What to send upstream for one API request, and what the prepare said."""
+
+    path: str  # upstream path (with query)
+    body: bytes
+    translate: bool = False  # an Anthropic request sent as a chat completion
+    stream: bool = False
+    slot: int | None = None
+    hold: SlotHold | None = None
+    result: PrepareResult | None = None
+    why_not: str = ""  # why there was no prepare ("" when there was one)
+    adapter: str = ""
+    rule: str = ""  # the affinity rule that chose the slot
+
+
+@dataclass
+class Learned:
+    """What the answer said about reuse."""
+
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    predicted_n: int | None = None
+
+
+@dataclass
+class _Counters:
+    counts: Counter[str] = field(default_factory=Counter)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, key: str) -> None:
+        with self.guard:
+            self.counts[key] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self.guard:
+            return dict(sorted(self.counts.items()))
+
+
+class Proxy:
+    """The ASGI application. One per (server, process); the ``Preparer`` may be the daemon's."""
+
+    def __init__(self, *, settings: Settings, preparer: Preparer, bounds: Bounds | None = None,
+                 own_origins: frozenset[str] = frozenset(), workers: int = 8) -> None:
+        self.settings = settings
+        self.preparer = preparer
+        self.server = preparer.server
+        self.tracker: SlotTracker = preparer.tracker
+        self.bounds = bounds or Bounds()
+        self.own_origins = own_origins  # the proxy's own URL(s): the server's web UI through the proxy
+        self.table = AffinityTable()
+        self.counters = _Counters()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-proxy")
+        self._client: httpx.AsyncClient | None = None
+        self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
+        self._slots_client = SlotClient(self.server)
+        self._generic = GenericAdapter(markers=settings.markers)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
+
+    # -- ASGI ----------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        api = API_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
+        headers = _headers(scope)
+        self.counters.add("requests")
+        try:
+            if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
+                await self._status(headers, send)
+            elif api is None:
+                self.counters.add("passed_through")
+                await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=None)
+            else:
+                await self._api(scope, receive, send, api=api, headers=headers)
+        except _ClientGone:
+            self.counters.add("client_disconnected")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def close(self) -> None:
+        """After the server stopped: the worker threads and the blocking client."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._slots_client.close()
+
+    def status(self) -> dict[str, Any]:
+        return {"version": __version__, "server": self.server, "counters": self.counters.snapshot(),
+                "slots": self.table.snapshot(), "recent": list(self._recent), "prepare": self.preparer.status()}
+
+    # -- chat requests -------------------------------------------------------------------
+    async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
+        raw, complete = await _read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
+        if not complete:  # too big to prepare: stream it through as it comes, never a 413
+            self.counters.add("not_prepared:oversized")
+            await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=_rest(raw, receive))
+            return
+        refusal = self._refusal(headers)
+        if refusal:
+            self.counters.add(f"not_prepared:{refusal}")
+            await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=raw)
+            return
+        try:
+            plan = await asyncio.wrap_future(self._pool.submit(self._plan, api, headers, raw, _path(scope)))
+        except Exception as exc:  # a bug of ours: the request goes on unchanged
+            log.exception("planning a request failed; forwarding it unchanged")
+            self.counters.add("fail_open:internal")
+            plan = Plan(path=_path(scope), body=raw, why_not=f"internal error: {exc}")
+        learned: Learned | None = None
+        try:
+            learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
+        finally:  # shielded: the slot is released even when this request is cancelled
+            await asyncio.shield(asyncio.wrap_future(self._pool.submit(self._finish, plan, learned)))
+
+    def _refusal(self, headers: dict[str, str]) -> str:
+        """Requests a web page could send are forwarded, never prepared: a page must not make ocpc
+        prefill, save or evict heads. The proxy's own origin (the server's web UI opened through
+        the proxy) is not foreign."""
+        origin = headers.get("origin")
+        if origin is not None and origin.rstrip("/") not in self.own_origins:
+            return "foreign_origin"
+        host = (headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
+        return "" if host in LOOPBACK_HOSTS else "foreign_host"
+
+    def _plan(self, api: str, headers: dict[str, str], raw: bytes, path: str) -> Plan:
+        """In a worker thread: parse, pick the adapter and the slot, hold it, prepare."""
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict):
+            self.counters.add("not_prepared:not_json")
+            return Plan(path=path, body=raw, why_not="the body is not a JSON object: the server answers it")
+        incoming = Incoming(api=api, headers=headers, body=data)
+        adapter = select(incoming, enabled=self.settings.adapters, fallback=self._generic)
+        own = adapter if adapter.name != "generic" else select(incoming, enabled=ADAPTER_NAMES)
+        if own.name not in self.settings.adapters:  # its harness's adapter is off: hands off its bytes
+            self.counters.add("not_prepared:adapter_off")
+            return Plan(path=path, body=raw, why_not=f"the {own.name} adapter is switched off")
+        body, changes = adapter.normalise(incoming)
+        stream = bool(body.get("stream"))
+        try:
+            chat = to_chat(body) if api == "anthropic" else body
+        except TranslationError as exc:
+            self.counters.add("not_prepared:untranslatable")
+            return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
+        n_slots = self._n_slots()
+        conversation = adapter.session(incoming) or _chain_key(chat)
+        slot, head_key, rule = self._choose(adapter, chat, conversation, n_slots)
+        pinned = n_slots > 1
+        if api == "anthropic":
+            up = upstream_body(chat, id_slot=slot if pinned else None)
+            plan = Plan(path="/v1/chat/completions", body=_dump(up), translate=True, stream=stream, slot=slot)
+            chat_raw = _dump(chat)
+        else:
+            forwarded = raw if not changes else _dump(body)
+            if pinned and "id_slot" not in body:
+                forwarded = _with_slot(forwarded, slot)
+            plan = Plan(path=path, body=forwarded, stream=stream, slot=slot)
+            chat_raw = raw if not changes else _dump(body)
+        plan.adapter, plan.rule = adapter.name, rule
+        deadline = Deadline.after(self.bounds.prepare_s)
+        self.table.begin(slot, conversation)
+        try:
+            plan.hold = self.tracker.hold(self.server, slot, deadline=deadline)
+        except (LockTimeout, OcpcError) as exc:
+            self.counters.add("fail_open:slot_busy")
+            log.warning("slot %d stayed busy past the prepare's deadline; forwarding unprepared: %s", slot, exc)
+            plan.why_not = str(exc)
+            return plan
+        try:
+            with plan.hold.inside():
+                plan.result = self.preparer.prepare(chat_raw, headers, slot=slot, deadline=deadline,
+                                                    session=adapter.session(incoming), head_of=adapter.head)
+        except BaseException:
+            self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
+            raise
+        self.counters.add(f"prepare:{plan.result.action}")
+        if plan.result.action == "failed":
+            self.counters.add("fail_open:prepare_failed")
+        if plan.result.fingerprint:
+            self.table.learn_head(head_key, plan.result.fingerprint)
+        if changes:
+            self.counters.add("normalised:" + adapter.name)
+        return plan
+
+    def _choose(self, adapter: Adapter, chat: dict[str, Any], conversation: str,
+                n_slots: int) -> tuple[int, str, str]:
+        """(slot, the head's cheap key, the rule): the head is cut only for a new conversation."""
+        if n_slots <= 1:
+            return self.settings.slot, "", "single"
+        views = self.table.views(n_slots, self._held(n_slots))
+        if any(v.conversation == conversation for v in views):
+            choice = choose(views, Want(conversation=conversation))
+            return choice.slot, "", choice.rule
+        head = adapter.head(chat)
+        key = _head_key(head) if isinstance(head, Head) else ""
+        choice = choose(views, Want(conversation=conversation, head=self.table.head_of(key)))
+        log.debug("slot %d for new conversation %s (%s)", choice.slot, conversation, choice.rule)
+        return choice.slot, key, choice.rule
+
+    def _held(self, n_slots: int) -> dict[int, tuple[str, bool]]:
+        """What the shared tracker says each slot holds (the daemon's actions included)."""
+        out: dict[int, tuple[str, bool]] = {}
+        for slot in range(n_slots):
+            holding = self.tracker.holding(self.server, slot)
+            if holding is not None:
+                out[slot] = (holding.head, holding.exact and not holding.conversation)
+        return out
+
+    def _n_slots(self) -> int:
+        """The server's slot count (``/props`` ``total_slots``), re-read every ``slots_ttl_s``."""
+        read_at, n = self._slots
+        if time.monotonic() - read_at < self.bounds.slots_ttl_s:
+            return n
+        try:
+            props = self._slots_client.props(deadline=Deadline.after(2.0))
+            total = props.get("total_slots")
+            n = total if isinstance(total, int) and total > 0 else 1
+        except OcpcError as exc:
+            log.info("cannot read the server's slot count (%s); assuming %d", exc, n)
+        self._slots = (time.monotonic(), n)
+        return n
+
+    def _finish(self, plan: Plan, learned: Learned | None) -> None:
+        """In a worker thread, after the answer: report what it reused, then free the slot."""
+        result = plan.result
+        self._recent.append({
+            "at": time.time(), "path": plan.path, "adapter": plan.adapter, "slot": plan.slot, "rule": plan.rule,
+            "action": result.action if result else None, "prefix_tokens": result.prefix_tokens if result else None,
+            "reason": (result.reason if result else plan.why_not)[:200],
+            "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
+        try:
+            result = plan.result
+            if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
+                verdict = self.preparer.report(fingerprint=result.fingerprint or "", cache_n=learned.cache_n,
+                                               prompt_n=learned.prompt_n or 0, prepare_id=result.prepare_id,
+                                               predicted_n=learned.predicted_n)
+                self.counters.add(f"report:{verdict['verdict']}")
+            elif result is not None and result.prepare_id:
+                self.counters.add("report:none")  # cancelled, failed or no timings in the answer
+        except Exception:
+            log.exception("reporting a request's reuse failed")
+            self.counters.add("fail_open:report")
+        finally:
+            if plan.hold is not None:
+                plan.hold.release()
+            if plan.slot is not None:
+                self.table.end(plan.slot, now=time.monotonic())
+
+    # -- forwarding ----------------------------------------------------------------------
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str],
+                       plan: Plan) -> Learned | None:
+        sent = _upstream_headers(headers, identity=True)
+        if plan.translate:
+            sent["content-type"] = "application/json"
+        watcher = _Watcher(receive)
+        try:
+            return await watcher.run(self._stream(scope, send, method="POST", path=plan.path, headers=sent,
+                                                  body=plan.body, plan=plan))
+        finally:
+            if watcher.gone:
+                self.counters.add("client_disconnected")
+
+    async def _relay(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str], path: str,
+                     body: bytes | AsyncIterator[bytes] | None) -> None:
+        """Pass a request through unchanged (its body as read so far, or the rest as it comes)."""
+        if body is None:
+            raw, complete = await _read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
+            body = raw if complete else _rest(raw, receive)
+        streamed = not isinstance(body, bytes)
+        watcher = _Watcher(receive, after=streamed)
+        if streamed:
+            body = watcher.track(body)  # type: ignore[arg-type]
+        try:
+            await watcher.run(self._stream(scope, send, method=scope["method"], path=path,
+                                           headers=_upstream_headers(headers, identity=False), body=body, plan=None))
+        finally:
+            if watcher.gone:
+                self.counters.add("client_disconnected")
+
+    async def _stream(self, scope: Scope, send: Send, *, method: str, path: str, headers: dict[str, str],
+                      body: bytes | AsyncIterator[bytes], plan: Plan | None) -> Learned | None:
+        client = self._http()
+        request = httpx.Request(method, self.server + path, headers=headers, content=body)
+        request.extensions["timeout"] = httpx.Timeout(self.bounds.connect_s, read=None, write=60.0,
+                                                      pool=self.bounds.connect_s).as_dict()
+        try:
+            async with asyncio.timeout(self.bounds.headers_s):
+                response = await client.send(request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            await self._upstream_failed(send, exc, waited="headers")
+            return None
+        try:
+            return await self._answer(send, response, plan)
+        finally:
+            await response.aclose()
+
+    async def _answer(self, send: Send, response: httpx.Response, plan: Plan | None) -> Learned | None:
+        translate = plan is not None and plan.translate and response.status_code == 200
+        dropped = HOP_BY_HOP - {"content-length"} | ({"content-type", "content-length"} if translate else set())
+        out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
+                       if k.lower() not in dropped]
+        if translate:
+            kind = b"text/event-stream" if plan and plan.stream else b"application/json; charset=utf-8"
+            out_headers.append((b"content-type", kind))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
+        translator = StreamTranslator() if translate and plan and plan.stream else None
+        whole = translate and not (plan and plan.stream)
+        tail = bytearray()
+        chunks = response.aiter_raw()
+        while True:
+            try:
+                async with asyncio.timeout(self.bounds.chunk_gap_s):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except (httpx.HTTPError, TimeoutError) as exc:
+                self.counters.add("upstream_failed:mid_answer")
+                log.warning("upstream answer broke off (%s: %s)", type(exc).__name__, exc)
+                if translator is not None:
+                    await send({"type": "http.response.body", "body": translator.close(), "more_body": True})
+                break
+            if plan is not None:
+                tail += chunk
+                if len(tail) > 2 * TAIL_BYTES and not whole:
+                    del tail[:-TAIL_BYTES]
+            if whole:
+                continue
+            if translator is not None:
+                chunk = translator.feed(chunk)
+                if not chunk:
+                    continue
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        last = b""
+        if translator is not None:
+            last = translator.close()
+        elif whole:
+            last = _translated_whole(bytes(tail))
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+        return _learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
+
+    async def _upstream_failed(self, send: Send, exc: BaseException, *, waited: str) -> None:
+        """The server is down, refused or did not answer in time: say so, as a gateway does."""
+        timeout = isinstance(exc, (TimeoutError, httpx.TimeoutException))
+        status = 504 if timeout else 502
+        self.counters.add("upstream_failed:timeout" if timeout else "upstream_failed:unreachable")
+        what = (f"llama-server at {self.server} did not answer within {self.bounds.headers_s:g} s" if timeout
+                else f"cannot reach llama-server at {self.server}: {type(exc).__name__}: {exc}")
+        log.warning("%s", what)
+        body = json.dumps({"error": {"code": status, "type": "proxy_error", "message":
+                                     f"ocpc proxy: {what}; is it running? (`ocpc status`)"}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _status(self, headers: dict[str, str], send: Send) -> None:
+        refused = headers.get("origin") is not None or self._refusal(headers)
+        payload = {"error": "not for web pages"} if refused else self.status()
+        body = json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": 403 if refused else 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+                                             timeout=None, trust_env=False)
+        return self._client
+
+
+class _Watcher:
+    """Runs the forward and cancels it when the client goes away (``http.disconnect``).
+
+    The request body must be read before anyone else calls ``receive``: with a streamed body
+    (``after=True``) the watch starts once ``track`` has seen its end.
+    """
+
+    def __init__(self, receive: Receive, *, after: bool = False) -> None:
+        self._receive = receive
+        self._body_done = asyncio.Event()
+        if not after:
+            self._body_done.set()
+        self.gone = False
+
+    async def track(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for chunk in body:
+            yield chunk
+        self._body_done.set()
+
+    async def run(self, work: Awaitable[Learned | None]) -> Learned | None:
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(self._watch())
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():  # the client went away (or we were cancelled): cancel upstream
+                self.gone = watch.done() and not watch.cancelled()
+                task.cancel()
+            watch.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.gone:
+                log.info("client went away; upstream request cancelled")
+                return None
+            raise
+        except OSError:  # uvicorn's ClientDisconnected: a send after the client left
+            self.gone = True
+            log.info("client went away mid-answer; upstream request closed")
+            return None
+
+    async def _watch(self) -> None:
+        await self._body_done.wait()
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                return  # (after a complete answer uvicorn says the same: only counts while the task runs)
+
+
+async def _read_body(receive: Receive, *, limit: int, declared: str | None) -> tuple[bytes, bool]:
+    """The body, and whether it ended within ``limit`` (else: what was read, for ``_rest``)."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return b"", False
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone()
+        part = message.get("body", b"")
+        parts.append(part)
+        size += len(part)
+        if not message.get("more_body", False):
+            return b"".join(parts), True
+        if size > limit:
+            return b"".join(parts), False
+
+
+async def _rest(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _path(scope: Scope) -> str:
+    query: bytes = scope.get("query_string") or b""
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+
+
+def _upstream_headers(headers: dict[str, str], *, identity: bool) -> dict[str, str]:
+    """The client's headers minus hop-by-hop ones; ``identity``: an uncompressed answer, which
+    the proxy reads (any client accepts identity)."""
+    out = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
+    if identity:
+        out.pop("accept-encoding", None)
+    return out
+
+
+def _dump(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _with_slot(raw: bytes, slot: int | None) -> bytes:
+    """``id_slot`` added as the object's first key, the rest of the bytes as they were."""
+    start = raw.find(b"{")
+    if slot is None or start < 0:
+        return raw
+    rest = raw[start + 1:].lstrip()
+    sep = b"" if rest.startswith(b"}") else b","
+    return raw[:start + 1] + b'"id_slot":' + str(slot).encode() + sep + raw[start + 1:]
+
+
+def _chain_key(chat: dict[str, Any]) -> str:
+    """A conversation without a session id: named by its first two messages (system, first prompt)."""
+    messages = chat.get("messages")
+    first = messages[:2] if isinstance(messages, list) else []
+    return "chain-" + xxhash.xxh64_hexdigest(_dump(first))
+
+
+def _head_key(head: Head) -> str:
+    return xxhash.xxh64_hexdigest(f"{head.model}\0{head.tools_json}\0{head.system_head}".encode())
+
+
+def _translated_whole(raw: bytes) -> bytes:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw
+    return _dump(to_message(data)) if isinstance(data, dict) else raw
+
+
+def _learn(tail: bytes) -> Learned | None:
+    """The reuse numbers of an answer: its last ``timings`` object (a stream's final chunk has it;
+    a whole answer has one). Found by position, so a long answer costs no parse of its text."""
+    at = tail.rfind(b'"timings":')
+    if at < 0:
+        return None
+    try:
+        timings, _ = _DECODER.raw_decode(tail[at + len(b'"timings":'):].decode(errors="replace").lstrip())
+    except ValueError:
+        return None
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        return Learned(cache_n=timings["cache_n"], prompt_n=timings.get("prompt_n"),
+                       predicted_n=timings.get("predicted_n"))
+    return None
+
+
+# -- running it ------------------------------------------------------------------------------
+
+
+def build_preparer(settings: Settings, *, server_url: str, tracker: SlotTracker | None = None) -> Preparer:
+    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead)."""
+    from .daemon import Background
+    from .server_info import port_of, read_runtime
+    from .store import Store
+
+    port = port_of(server_url)
+    background = Background()
+    return Preparer(settings=settings, client=SlotClient(server_url),
+                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+                    tracker=tracker or SlotTracker(lock_dir=settings.home), schedule=background.submit,
+                    runtime=read_runtime(settings, port) if port else None)
+
+
+class ProxyServer:
+    """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
+
+    def __init__(self, proxy: Proxy, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+        import uvicorn
+
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(f"--host {host!r}: the proxy listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
+        port = proxy.settings.proxy_port if port is None else port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as exc:
+            self.socket.close()
+            raise ConfigError(f"the proxy cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                              "stop what uses it or pick another --port (OC_PREFIX_CACHE_PROXY_PORT)") from exc
+        self.socket.listen(512)
+        bound = self.socket.getsockname()[1]
+        self.url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+        proxy.own_origins = proxy.own_origins | {self.url, f"http://localhost:{bound}"}
+        self.proxy = proxy
+        config = uvicorn.Config(proxy, log_level="warning", access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=3, server_header=False, date_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def serve_forever(self) -> None:
+        log.info("ocpc proxy %s on %s for llama-server %s", __version__, self.url, self.proxy.server)
+        try:
+            self._server.run(sockets=[self.socket])
+        finally:
+            self.proxy.close()
+
+    def start(self) -> None:
+        """Serve in a background thread (``ocpc launch``, tests); returns once it accepts."""
+        self._thread = threading.Thread(target=self.serve_forever, name="ocpc-proxy", daemon=True)
+        self._thread.start()
+        for _ in range(200):
+            if self._server.started or not self._thread.is_alive():
+                break
+            time.sleep(0.01)
+        if not self._server.started:
+            raise ConfigError(f"the proxy on {self.url} did not start; see the log")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.socket.close()

@@ -1,0 +1,299 @@
+"""`ocpc proxy` against a stub upstream: faults the real server cannot make on demand, pass-through,
+policies, slot holding and the event loop never waiting for a prepare. (The real server: see
+test_proxy_server.py; the real harnesses: test_e2e_claude_code.py, test_e2e_pi.py.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from oc_prefix_cache.head import MAX_BODY_BYTES
+from oc_prefix_cache.prepare import Preparer, PrepareResult
+from oc_prefix_cache.proxy import Bounds, Proxy, ProxyServer, build_preparer
+from oc_prefix_cache.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("proxy_bench", ROOT / "bench" / "proxy_bench.py")
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+Stub = bench.Stub
+
+DATA = Path(__file__).parent / "data"
+CHAT = {"model": "m", "stream": True, "messages": [{"role": "system", "content": "be brief"},
+                                                    {"role": "user", "content": "hi"}]}
+
+
+def capture(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    data = json.loads(path.read_text())
+    pairs = data["headers"].items() if isinstance(data["headers"], dict) else data["headers"]
+    skip = {"content-length", "host", "authorization", "connection"}
+    return {str(k).lower(): str(v) for k, v in pairs if str(k).lower() not in skip}, data["body_json"]
+
+
+class Running:
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.server = ProxyServer(proxy, port=0)
+        self.url = self.server.url
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = httpx.get(f"{self.url}/ocpc/status", timeout=5).json()
+        return data
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.status()["counters"])
+
+
+@pytest.fixture
+def proxy_for(tmp_path: Path) -> Iterator[Any]:
+    running: list[Running] = []
+
+    def start(url: str, *, bounds: Bounds | None = None, adapters: str | None = None,
+              preparer: Preparer | None = None) -> Running:
+        env = {"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")}
+        if adapters is not None:
+            env["OC_PREFIX_CACHE_ADAPTERS"] = adapters
+        settings = Settings.from_env(env)
+        prep = preparer or build_preparer(settings, server_url=url)
+        run = Running(Proxy(settings=settings, preparer=prep, bounds=bounds))
+        run.server.start()
+        running.append(run)
+        return run
+
+    yield start
+    for run in running:
+        run.server.stop()
+
+
+@pytest.fixture
+def stub() -> Iterator[Any]:
+    with Stub() as running:
+        yield running
+
+
+def post(url: str, body: Any, *, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions",
+         timeout: float = 30) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url + path, content=raw, headers={"content-type": "application/json", **(headers or {})},
+                      timeout=timeout)
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+def test_upstream_down_answers_502_with_the_reason(proxy_for: Any) -> None:
+    proxy = proxy_for(f"http://127.0.0.1:{bench.free_port()}", bounds=Bounds(connect_s=1))
+    started = time.monotonic()
+    response = post(proxy.url, CHAT)
+    assert response.status_code == 502 and time.monotonic() - started < 5
+    assert "cannot reach llama-server" in response.json()["error"]["message"]
+    assert httpx.get(proxy.url + "/health", timeout=5).status_code == 502  # pass-through too
+    assert proxy.counters()["upstream_failed:unreachable"] == 2
+
+
+def test_upstream_hung_is_bounded_by_the_headers_wait(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url, bounds=Bounds(headers_s=0.5))
+    started = time.monotonic()
+    response = post(proxy.url, CHAT, headers={"x-stub": "hang"})
+    assert response.status_code == 504 and 0.4 < time.monotonic() - started < 5
+    assert "did not answer within 0.5 s" in response.json()["error"]["message"]
+    assert post(proxy.url, CHAT).status_code == 200  # nothing stuck: the next request goes through
+
+
+def test_upstream_error_comes_back_unchanged(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    response = post(proxy.url, CHAT, headers={"x-stub": "500"})
+    assert response.status_code == 500
+    assert response.json() == {"error": {"code": 500, "message": "stub failure", "type": "server_error"}}
+    assert post(proxy.url, CHAT).status_code == 200
+
+
+def test_a_silent_stream_is_cut_at_the_chunk_gap_bound(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url, bounds=Bounds(chunk_gap_s=0.3))
+    started = time.monotonic()
+    response = post(proxy.url, CHAT, headers={"x-stub": "slow:3:2000"})
+    assert response.status_code == 200 and time.monotonic() - started < 1.5
+    assert response.content.count(b"data:") == 1  # the first chunk, then the gap bound
+    assert proxy.counters()["upstream_failed:mid_answer"] == 1
+    assert post(proxy.url, CHAT).status_code == 200
+
+
+def test_streams_pass_through_as_they_arrive(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    arrivals = []
+    started = time.monotonic()
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
+                      headers={"x-stub": "slow:5:200"}, timeout=30) as response:
+        for _ in response.iter_raw():
+            arrivals.append(time.monotonic() - started)
+    assert arrivals[0] < 0.5 and arrivals[-1] > 0.9  # the first chunk long before the last
+
+
+def test_a_client_that_goes_away_cancels_the_upstream_request(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
+                      headers={"x-stub": "slow:100:50"}, timeout=30) as response:
+        next(response.iter_raw())
+    for _ in range(100):  # the stub's next write fails once the proxy has closed the upstream request
+        if stub.seen[-1].get("cut"):
+            break
+        time.sleep(0.05)
+    assert stub.seen[-1].get("cut"), "the upstream request was not cancelled"
+    assert proxy.counters()["client_disconnected"] == 1
+    assert post(proxy.url, CHAT).status_code == 200
+
+
+# -- what is forwarded unchanged -----------------------------------------------------------------------
+
+
+def test_everything_else_passes_through_untouched(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    for path in ("/health", "/v1/models", "/props", "/"):
+        response = httpx.get(proxy.url + path, headers={"x-custom": "1"}, timeout=5)
+        assert response.status_code == 200 and stub.seen[-1]["path"] == path
+        assert stub.seen[-1]["headers"]["x-custom"] == "1"
+    raw = b'{"content": "hello", "with_pieces": true}'
+    for path in ("/tokenize", "/v1/messages/count_tokens?beta=true"):
+        assert post(proxy.url, raw, path=path).json() == {"echo": len(raw)}
+        assert stub.seen[-1]["body"] == raw and stub.seen[-1]["path"] == path
+    assert proxy.counters()["passed_through"] == 6 and not any(k.startswith("prepare") for k in proxy.counters())
+
+
+def test_an_oversized_body_streams_through_unprepared(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    body = json.dumps({**CHAT, "pad": "x" * (MAX_BODY_BYTES + 1000)}).encode()
+    response = post(proxy.url, body)
+    assert response.status_code == 200  # never a 413
+    assert stub.seen[-1]["body"] == body
+    counters = proxy.counters()
+    assert counters["not_prepared:oversized"] == 1 and "prepare:skipped" not in counters
+
+
+@pytest.mark.parametrize(("headers", "counter"), [
+    ({"origin": "https://example.com"}, "not_prepared:foreign_origin"),
+    ({"host": "attacker.example:8766"}, "not_prepared:foreign_host"),
+])
+def test_requests_a_web_page_could_send_are_forwarded_without_a_prepare(
+        proxy_for: Any, stub: Any, headers: dict[str, str], counter: str) -> None:
+    proxy = proxy_for(stub.url)
+    raw = json.dumps(CHAT).encode()
+    assert post(proxy.url, raw, headers=headers).status_code == 200
+    assert stub.seen[-1]["body"] == raw
+    assert proxy.counters()[counter] == 1
+    refused = httpx.get(proxy.url + "/ocpc/status", headers={"origin": "https://example.com"}, timeout=5)
+    assert refused.status_code == 403
+
+
+def test_a_garbage_body_goes_to_the_server_unchanged(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url)
+    assert post(proxy.url, b"{not json").status_code == 200
+    assert stub.seen[-1]["body"] == b"{not json"
+    assert proxy.counters()["not_prepared:not_json"] == 1
+
+
+def test_a_switched_off_adapter_passes_the_bytes_unchanged(proxy_for: Any, stub: Any) -> None:
+    headers, body = capture(DATA / "claude-code-2.1.332" / "A1.json")
+    raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    off = proxy_for(stub.url, adapters="none")
+    assert post(off.url, raw, headers=headers, path="/v1/messages?beta=true").status_code == 200
+    assert stub.seen[-1]["path"] == "/v1/messages?beta=true" and stub.seen[-1]["body"] == raw
+    assert off.counters()["not_prepared:adapter_off"] == 1
+    on = proxy_for(stub.url, adapters="opencode,pi,generic")  # claude-code off, generic on: still unchanged
+    assert post(on.url, raw, headers=headers, path="/v1/messages?beta=true").status_code == 200
+    assert stub.seen[-1]["body"] == raw and on.counters()["not_prepared:adapter_off"] == 1
+
+
+# -- slots and the event loop ------------------------------------------------------------------------
+
+
+class SlowPreparer:
+    """A real Preparer whose prepare takes ``delay`` s for requests marked ``x-slow`` (a warm)."""
+
+    def __init__(self, inner: Preparer, delay: float) -> None:
+        self._inner, self.delay = inner, delay
+        self.server, self.tracker = inner.server, inner.tracker
+        self.calls: list[float] = []
+
+    def prepare(self, raw: bytes, headers: Any, **kwargs: Any) -> PrepareResult:
+        self.calls.append(time.monotonic())
+        if "x-slow" in headers:
+            time.sleep(self.delay)
+        return self._inner.prepare(raw, headers, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_slow_prepare_never_stalls_another_stream(proxy_for: Any, tmp_path: Path) -> None:
+    with Stub(slots=2) as stub:
+        settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
+        slow = SlowPreparer(build_preparer(settings, server_url=stub.url), delay=2.0)
+        proxy = proxy_for(stub.url, preparer=slow)  # type: ignore[arg-type]
+        gaps: list[float] = []
+
+        def stream() -> None:
+            last = time.monotonic()
+            with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=30,
+                              content=json.dumps(CHAT).encode(), headers={"x-stub": "slow:40:50"}) as response:
+                for _ in response.iter_raw():
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.3)
+        other = {**CHAT, "messages": [{"role": "user", "content": "another conversation"}]}
+        started = time.monotonic()
+        assert post(proxy.url, other, headers={"x-slow": "1"}).status_code == 200
+        assert time.monotonic() - started >= 2.0  # that prepare did take its 2 s
+        reader.join(30)
+        assert len(gaps) > 30 and max(gaps[1:]) < 0.5, gaps  # ...while the stream flowed
+
+
+def test_a_request_for_a_held_slot_waits_within_its_deadline_then_fails_open(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url, bounds=Bounds(prepare_s=0.6))  # -np 1: both want slot 0
+    first_done: list[float] = []
+
+    def first() -> None:
+        response = post(proxy.url, CHAT, headers={"x-stub": "slow:15:100"})  # holds slot 0 for ~1.5 s
+        assert response.status_code == 200
+        first_done.append(time.monotonic())
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    second = post(proxy.url, {**CHAT, "messages": [{"role": "user", "content": "other"}]})
+    waited = time.monotonic() - started
+    assert second.status_code == 200 and 0.5 < waited < 1.2  # waited its 0.6 s, then went on
+    thread.join(10)
+    assert first_done and first_done[0] > started + waited  # ...while the first still streamed
+    assert proxy.counters()["fail_open:slot_busy"] == 1
+    started = time.monotonic()  # once free, the slot is taken at once
+    assert post(proxy.url, CHAT).status_code == 200 and time.monotonic() - started < 0.5
+
+
+def test_with_two_slots_requests_are_pinned(proxy_for: Any) -> None:
+    with Stub(slots=2) as stub:
+        proxy = proxy_for(stub.url)
+        chat_a = {**CHAT, "messages": [{"role": "user", "content": "a"}]}
+        chat_b = {**CHAT, "messages": [{"role": "user", "content": "b"}]}
+        slots = []
+        for body in (chat_a, chat_b, chat_a, chat_b):
+            assert post(proxy.url, body).status_code == 200
+            sent = json.loads(stub.seen[-1]["body"])
+            slots.append(sent["id_slot"])
+            assert {k: v for k, v in sent.items() if k != "id_slot"} == body  # nothing else changed
+        assert slots[0] != slots[1] and slots[0] == slots[2] and slots[1] == slots[3]
+        assert post(proxy.url, {**chat_a, "id_slot": 1}).status_code == 200
+        assert json.loads(stub.seen[-1]["body"])["id_slot"] == 1  # a client's own choice is kept
