@@ -1,0 +1,78 @@
+"""End to end: the real pi 0.73.1 (`-p`), `ocpc proxy` as a real process, a real llama-server.
+
+pi's provider lives in `~/.pi/agent/models.json` of the test's temporary HOME, pointing at the proxy,
+with `compat.sendSessionAffinityHeaders` on (its session id then arrives as `x-session-affinity`).
+Two sessions in project A, one in project B, one after a server restart: every first request after
+the first is served from the head (cache_n >= 90% of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, npm_install, projects
+
+pytestmark = pytest.mark.rig
+
+VERSION = "0.73.1"
+
+
+@pytest.fixture
+def pi_cli() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"pi-{VERSION}"
+    return npm_install(f"@mariozechner/pi-coding-agent@{VERSION}", folder,
+                       folder / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js")
+
+
+def write_models(home: Path, proxy_url: str) -> None:
+    agent = home / ".pi" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "models.json").write_text(json.dumps({"providers": {"local": {
+        "baseUrl": f"{proxy_url}/v1", "api": "openai-completions", "apiKey": "dummy",
+        "compat": {"sendSessionAffinityHeaders": True},
+        "models": [{"id": "local-model", "maxTokens": 64}]}}}, indent=1))
+
+
+def run_pi(cli: Path, project: Path, prompt: str) -> str:
+    env = {**os.environ, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "TZ": "UTC",
+           "TERM": "dumb"}
+    proc = subprocess.run(["node", str(cli), "-p", "--provider", "local", "--model", "local-model", prompt],
+                          cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, f"pi failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_pi_sessions_are_served_from_the_head(llama_server: Any, pi_cli: Path, isolated_home: Path,
+                                              tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=16384, extra_args=END_AT_ONCE)
+    dirs = projects(tmp_path)
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        write_models(isolated_home, proxy.url)
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_pi(pi_cli, project, "say ok")
+            requests = proxy.new_requests()
+            assert len(requests) == 1, json.dumps(requests, indent=1)  # -p: one request per turn
+            rows.append({"session": name, **{k: requests[0][k] for k in (
+                "adapter", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}})
+        status = proxy.status()
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    assert all(row["adapter"] == "pi" for row in rows), rows
+    assert rows[0]["action"] == "warmed", rows[0]
+    for row in rows[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row  # served from the head
+    counters = status["counters"]
+    assert counters.get("report:served", 0) == 4 and not any(k.startswith("fail_open") for k in counters), counters
