@@ -217,52 +217,90 @@ def demo(
         render_demo(data, model_path.name, Console())
 
 
-def _config_path(config: Path | None, project: bool) -> Path:
-    from .install import default_config_path
+HARNESS_HELP = ("Which agent to wire: opencode (the plugin), claude-code (its settings' env -> the proxy) "
+                "or pi (a models.json provider -> the proxy).")
+
+
+def _config_path(config: Path | None, project: bool, harness: str = "opencode") -> Path:
+    """The config file to edit: --config, else where the harness reads it (its own
+    variables, CLAUDE_CONFIG_DIR and PI_CODING_AGENT_DIR, included)."""
+    from .install import claude_code, opencode, pi
 
     if config is not None:
         return config
+    if harness == "claude-code":
+        return claude_code.default_config_path(project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
+    if harness == "pi":
+        if project:
+            raise OcpcError("pi reads providers only from its agent folder (~/.pi/agent/models.json); drop --project")
+        return pi.default_config_path(home=Path.home(), environ=os.environ)
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return default_config_path(project=project, cwd=Path.cwd(), xdg_config_home=Path(xdg))
+    return opencode.default_config_path(project=project, cwd=Path.cwd(), xdg_config_home=Path(xdg))
+
+
+def _harness(value: str) -> str:
+    from .install import HARNESSES
+
+    if value not in HARNESSES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(HARNESSES)}")
+    return value
 
 
 @app.command()
 def install(
-    config: Annotated[Path | None, typer.Option(help="OpenCode config file to edit.")] = None,
-    project: Annotated[bool, typer.Option("--project", help="Edit ./.opencode/ instead of the global config.")] = False,
+    harness: Annotated[str, typer.Option(help=HARNESS_HELP, callback=_harness)] = "opencode",
+    config: Annotated[Path | None, typer.Option(help="The harness's config file to edit.")] = None,
+    project: Annotated[bool, typer.Option("--project", help=(
+        "OpenCode: ./.opencode/; Claude Code: ./.claude/settings.local.json; instead of the user's config."))] = False,
     base_url: Annotated[str | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL.")] = None,
-    provider_id: Annotated[str, typer.Option(help="Provider id to add when none points at the server.")] = "llamacpp",
-    model: Annotated[str, typer.Option(help="Model name for a newly added provider.")] = "local",
-    keep_title: Annotated[bool, typer.Option(help="Keep OpenCode's title request (it takes the slot).")] = False,
+        envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL (OpenCode; the proxy forwards to it).")] = None,
+    provider_id: Annotated[str | None, typer.Option(
+        help="Provider id to add: OpenCode (when none points at the server) 'llamacpp', pi 'ocpc'.")] = None,
+    model: Annotated[str | None, typer.Option(help=(
+        "Model name: OpenCode and pi 'local'; Claude Code: sets ANTHROPIC_MODEL (default: not set)."))] = None,
+    keep_title: Annotated[bool, typer.Option(help="OpenCode: keep its title request (it takes the slot).")] = False,
     opencode_version: Annotated[str | None, typer.Option(
         help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
-    output_limit: Annotated[int | None, typer.Option(help="Output token limit for a newly added model.")] = None,
+    output_limit: Annotated[int | None, typer.Option(
+        help="Output token limit for a newly added model (OpenCode, pi).")] = None,
 ) -> None:
-    """Add the ocpc plugin (and a provider, if needed) to OpenCode's config. Idempotent."""
-    from .install import install as do_install
+    """Wire a harness to ocpc (default OpenCode: the plugin, and a provider if needed). Idempotent."""
+    from .install import claude_code, pi
+    from .install import install as install_opencode
 
     with edge():
         settings = Settings.from_env()
-        path = _config_path(config, project)
-        version = opencode_version or _opencode_version()
-        said = do_install(settings, config_path=path, base_url=base_url or settings.base_url,
-                          provider_id=provider_id, model=model, keep_title=keep_title, opencode_version=version,
-                          output_limit=output_limit)
+        path = _config_path(config, project, harness)
+        if harness != "opencode" and (keep_title or opencode_version):
+            raise OcpcError("--keep-title and --opencode-version are OpenCode's; drop them for --harness " + harness)
+        if harness == "claude-code" and (provider_id or output_limit):
+            raise OcpcError("Claude Code has no provider or output limit to set; drop --provider-id/--output-limit")
+        if harness == "claude-code":
+            said = claude_code.install(settings, config_path=path, model=model)
+        elif harness == "pi":
+            said = pi.install(settings, config_path=path, provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
+                              model=model or "local", output_limit=output_limit)
+        else:
+            said = install_opencode(settings, config_path=path, base_url=base_url or settings.base_url,
+                                    provider_id=provider_id or "llamacpp", model=model or "local",
+                                    keep_title=keep_title, opencode_version=opencode_version or _opencode_version(),
+                                    output_limit=output_limit)
         for line in said or [f"nothing to change: {path} already has ocpc"]:
             print(line)
 
 
 @app.command()
 def uninstall(
-    config: Annotated[Path | None, typer.Option(help="OpenCode config file to restore.")] = None,
-    project: Annotated[bool, typer.Option("--project", help="Restore ./.opencode/ instead of the global config.")] = False,
+    harness: Annotated[str, typer.Option(help=HARNESS_HELP, callback=_harness)] = "opencode",
+    config: Annotated[Path | None, typer.Option(help="The harness's config file to restore.")] = None,
+    project: Annotated[bool, typer.Option("--project", help="The project's config, as with install.")] = False,
 ) -> None:
-    """Undo `ocpc install`: the config goes back to exactly what it was."""
+    """Undo `ocpc install`: the config goes back to exactly what it was (your later edits kept)."""
     from .install import uninstall as do_uninstall
 
     with edge():
-        for line in do_uninstall(Settings.from_env(), config_path=_config_path(config, project)):
+        path = _config_path(config, project, harness)
+        for line in do_uninstall(Settings.from_env(), config_path=path, harness=harness):
             print(line)
 
 

@@ -2,6 +2,8 @@
 
 Checks run in order and later ones are skipped when the server is down. Each check is a
 ``Check`` with ``ok``, ``warn`` or ``fail``; any ``fail`` makes the exit code non-zero.
+Each harness ``ocpc install`` wired to the proxy (Claude Code, pi) gets a check of its own:
+its config still points at the proxy, and the proxy answers there.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,18 @@ from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
 from .fingerprint import adapter_settings, kv_settings
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
-from .install import default_config_path, installed_plugin_state, plugin_path_in_config
+from . import jsonc
+from .install import (
+    InstallError,
+    config_target,
+    default_config_path,
+    installed,
+    installed_plugin_state,
+    normalise_base_url,
+    plugin_path_in_config,
+)
+from .install import claude_code as claude_install
+from .install import pi as pi_install
 from .render import render_head
 from .server_info import (
     ResolvedServer,
@@ -55,7 +69,9 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None,
     """Every check, against ``server`` (see ``server_info.resolve_server``; default: the settings')."""
     server = server or ResolvedServer(url=settings.base_url, why="OC_PREFIX_CACHE_BASE_URL or its default")
     settings = replace(settings, base_url=server.url)
-    checks: list[Check] = [_index(settings), _daemon(settings), _opencode(settings, opencode_config)]
+    harnesses = harness_checks(settings, cwd=Path.cwd())
+    checks: list[Check] = [_index(settings), _daemon(settings),
+                           _opencode(settings, opencode_config, optional=bool(harnesses)), *harnesses]
     with SlotClient(settings.base_url, timeouts=Timeouts(connect=1.0, quick=10.0, slot_io=60.0)) as client:
         try:
             props = client.props()
@@ -233,11 +249,15 @@ def _daemon(settings: Settings) -> Check:
     return Check("daemon", "ok", f"up at {settings.daemon_url}" + (f", serving {served}" if served else ""))
 
 
-def _opencode(settings: Settings, config: Path | None) -> Check:
+def _opencode(settings: Settings, config: Path | None, *, optional: bool = False) -> Check:
+    """The OpenCode config loads this ocpc's plugin. ``optional``: another harness is wired to
+    the proxy, so no OpenCode config at all is a choice, not a problem."""
     path = config or _default_config()
     try:
         text = path.read_text()
     except OSError:
+        if optional:
+            return Check("opencode", "ok", f"not installed (no OpenCode config at {path})")
         return Check("opencode", "warn", f"no OpenCode config at {path}", "run `ocpc install`")
     if "ocpc-plugin.js" not in text:
         return Check("opencode", "warn", f"{path} does not load the ocpc plugin", "run `ocpc install`")
@@ -256,3 +276,131 @@ def _opencode(settings: Settings, config: Path | None) -> Check:
 def _default_config() -> Path:
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return default_config_path(project=False, cwd=Path.cwd(), xdg_config_home=Path(xdg))
+
+
+# --- the harnesses that reach llama-server through the proxy (`ocpc install --harness`) -----
+
+PROXY_FIX = "start the proxy: `ocpc launch` (server, daemon and proxy) or `ocpc proxy`"
+
+
+@dataclass(frozen=True)
+class ProxyProbe:
+    """What the proxy URL said: ``GET /health`` (the proxy passes it through to llama-server)
+    and ``GET /ocpc/status`` (only ocpc's proxy has it: a llama-server on that port does not)."""
+
+    url: str
+    status: int | None  # /health; None: nothing answered
+    error: str = ""
+    forwards_to: str | None = None  # the server /ocpc/status names; None: not ocpc's proxy
+
+
+Probe = Callable[[str], ProxyProbe]
+
+
+def probe_proxy(url: str) -> ProxyProbe:
+    timeout = httpx.Timeout(5.0, connect=1.0)
+    try:
+        health = httpx.get(f"{url}/health", timeout=timeout)
+    except httpx.HTTPError as exc:
+        return ProxyProbe(url, None, str(exc) or type(exc).__name__)
+    try:
+        status = httpx.get(f"{url}/ocpc/status", timeout=timeout)
+        server = status.json().get("server") if status.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        server = None
+    return ProxyProbe(url, health.status_code, forwards_to=server if isinstance(server, str) else None)
+
+
+def harness_checks(settings: Settings, *, cwd: Path, probe: Probe = probe_proxy) -> list[Check]:
+    """One check per config ocpc wired to the proxy (its install records); none for a harness
+    that was never installed, so doctor stays quiet about agents you do not use."""
+    try:
+        claude = installed(settings, claude_install.HARNESS)
+        pis = installed(settings, pi_install.HARNESS)
+    except InstallError as exc:
+        return [Check("harnesses", "warn", f"cannot read ocpc's install records: {exc}")]
+    seen: dict[str, ProxyProbe] = {}
+
+    def once(url: str) -> ProxyProbe:
+        if url not in seen:
+            seen[url] = probe(url)
+        return seen[url]
+
+    return ([claude_code_check(settings, Path(r.config), cwd=cwd, probe=once) for r in claude]
+            + [pi_check(settings, Path(r.config), probe=once) for r in pis])
+
+
+def claude_code_check(settings: Settings, config: Path, *, cwd: Path, probe: Probe = probe_proxy) -> Check:
+    """Claude Code's settings send it to the proxy (and no project file here overrides that),
+    and the proxy answers."""
+    name, reinstall = "claude-code", "run `ocpc install --harness claude-code`"
+    data = _read_json(config)
+    if isinstance(data, Check):
+        return replace(data, name=name, fix=reinstall)
+    url = claude_install.base_url_in(data)
+    if url is None:
+        return Check(name, "warn", f"{config} no longer sets ANTHROPIC_BASE_URL: Claude Code bypasses the proxy",
+                     reinstall)
+    if normalise_base_url(url) != normalise_base_url(settings.proxy_url):
+        return Check(name, "warn", f"{config} sends Claude Code to {url}, not to the proxy at {settings.proxy_url}",
+                     f"{reinstall}, or set OC_PREFIX_CACHE_PROXY_PORT to the port it names")
+    for local in (cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"):
+        other = _read_json(local) if local.exists() and local.resolve() != config.resolve() else None
+        theirs = claude_install.base_url_in(other) if isinstance(other, dict) else None
+        if theirs is not None and normalise_base_url(theirs) != normalise_base_url(url):
+            return Check(name, "warn", f"{config} sends Claude Code to the proxy, but in this project {local} "
+                         f"sends it to {theirs} (a project's settings win)",
+                         f"remove ANTHROPIC_BASE_URL from {local}, or run install with --project here")
+    return _proxy_verdict(name, f"{config} sends Claude Code to the proxy", probe(normalise_base_url(url)))
+
+
+def pi_check(settings: Settings, config: Path, *, probe: Probe = probe_proxy) -> Check:
+    """pi's models.json has a provider at the proxy, with the session-affinity headers on,
+    and the proxy answers."""
+    name, reinstall = "pi", "run `ocpc install --harness pi`"
+    data = _read_json(config)
+    if isinstance(data, Check):
+        return replace(data, name=name, fix=reinstall)
+    providers = pi_install.proxy_providers(data, settings.proxy_url)
+    if not providers:
+        return Check(name, "warn", f"{config} has no provider at the proxy {settings.proxy_url}/v1: pi bypasses it",
+                     reinstall)
+    pid, provider = next(iter(providers.items()))
+    compat = provider.get("compat")
+    if not (isinstance(compat, dict) and compat.get(pi_install.AFFINITY) is True):
+        return Check(name, "warn", f"pi provider '{pid}' in {config} sends no session-affinity headers: "
+                     "conversations cannot keep their slot",
+                     f'set "compat": {{"{pi_install.AFFINITY}": true}} on it, or {reinstall}')
+    return _proxy_verdict(name, f"pi provider '{pid}' in {config} goes through the proxy",
+                          probe(normalise_base_url(str(provider["baseUrl"]))))
+
+
+def _read_json(config: Path) -> dict[str, Any] | Check:
+    try:
+        target = config_target(config)
+        text = target.read_text()
+    except FileNotFoundError:
+        return Check("", "warn", f"ocpc was installed into {config}, which is gone: that agent does not use the proxy")
+    except (OSError, InstallError) as exc:
+        return Check("", "warn", f"cannot read {config}: {exc}")
+    try:
+        data = jsonc.loads(text)
+    except jsonc.JsoncError as exc:
+        return Check("", "warn", f"{config} is not valid JSON: {exc}")
+    return data if isinstance(data, dict) else Check("", "warn", f"{config} is not a JSON object")
+
+
+def _proxy_verdict(name: str, what: str, probe: ProxyProbe) -> Check:
+    if probe.status is None:
+        return Check(name, "fail", f"{what}, but nothing answers at {probe.url} ({probe.error}): its requests fail",
+                     PROXY_FIX)
+    if probe.forwards_to is None:
+        return Check(name, "warn", f"{what}, but what answers at {probe.url} is not the ocpc proxy (no /ocpc/status): "
+                     "requests reach the server unprepared", "stop what listens there (a llama-server on the proxy's "
+                     "port?) and start the proxy (`ocpc launch` or `ocpc proxy`), or install again with another "
+                     "OC_PREFIX_CACHE_PROXY_PORT")
+    if probe.status == 200:
+        return Check(name, "ok", f"{what}; the proxy answers at {probe.url}, forwarding to {probe.forwards_to} (healthy)")
+    return Check(name, "warn", f"{what}; the proxy at {probe.url} answers /health with HTTP {probe.status}: "
+                 f"the llama-server behind it ({probe.forwards_to}) is down or still loading",
+                 "start llama-server (`ocpc launch`), or point the proxy at yours (`ocpc proxy --server URL`)")

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from oc_prefix_cache import doctor, jsonc
 from oc_prefix_cache import install as install_module
+from oc_prefix_cache.install import plugin as plugin_module
 from oc_prefix_cache.cli import app
 from oc_prefix_cache.install import (
     InstallError,
@@ -305,7 +306,9 @@ def _plugin(version: str | None) -> bytes:
 def package_plugin(monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
     """Make this ocpc's own plugin a given version (the real one may not carry a mark yet)."""
     def use(version: str | None) -> None:
-        monkeypatch.setattr(install_module, "packaged_plugin", lambda: PluginCopy("test", _plugin(version)))
+        copy = PluginCopy("test", _plugin(version))
+        monkeypatch.setattr(plugin_module, "packaged_plugin", lambda: copy)  # what install and doctor call
+        monkeypatch.setattr(install_module, "packaged_plugin", lambda: copy)  # what `ocpc --version` imports
     return use
 
 

@@ -1,0 +1,74 @@
+"""``ocpc install`` / ``ocpc uninstall``: wire a harness to ocpc, reversibly.
+
+- OpenCode (``opencode``): the plugin, through OpenCode's config (``opencode.py``);
+- Claude Code (``claude_code.py``): the ``env`` block of its settings file -> the proxy;
+- pi (``pi.py``): a provider in ``models.json`` -> the proxy, with session-affinity headers.
+
+Each harness module only plans its entries; ``records.py`` makes every edit the same way
+(text edits that keep comments, a backup, a record per config) and undoes it: the file back
+byte for byte, or, if the user edited it since, exactly ocpc's entries removed. Symlinked
+configs are edited behind the link with their mode kept; a config deleted since install is
+left deleted. ``npm.py`` is OpenCode's SDK pre-install; ``plugin.py`` the plugin copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..settings import Settings
+from .npm import NpmEntry, NpmRecord, remove_npm_files
+from .opencode import CONTEXT_LIMIT, default_config_path, install, matching_provider, plan_edits
+from .plugin import (
+    PLUGIN_NAME,
+    SOURCE_TREE_PLUGIN,
+    PluginCopy,
+    PluginState,
+    installed_plugin_path,
+    installed_plugin_state,
+    packaged_plugin,
+    plugin_path_in_config,
+    plugin_version,
+)
+from .records import (
+    Edit,
+    InstallError,
+    InstallRecord,
+    config_target,
+    installed,
+    load_records,
+    normalise_base_url,
+    parse_record,
+    restore_config,
+    write_records,
+)
+
+HARNESSES = ("opencode", "claude-code", "pi")
+
+__all__ = [
+    "CONTEXT_LIMIT", "HARNESSES", "PLUGIN_NAME", "SOURCE_TREE_PLUGIN", "Edit", "InstallError", "InstallRecord",
+    "NpmEntry", "NpmRecord", "PluginCopy", "PluginState", "config_target", "default_config_path", "install",
+    "installed", "installed_plugin_path", "installed_plugin_state", "matching_provider", "normalise_base_url",
+    "packaged_plugin", "plan_edits", "plugin_path_in_config", "plugin_version", "uninstall",
+]
+
+
+def uninstall(settings: Settings, *, config_path: Path, harness: str | None = None) -> list[str]:
+    """Undo the install recorded for ``config_path`` (any harness; ``harness`` checks it is
+    the one meant): the config, then the npm files it created."""
+    records = load_records(settings)
+    raw = records.get(str(config_path))
+    if raw is None:
+        what = f" {harness}" if harness else ""
+        raise InstallError(f"ocpc has no record of installing{what} into {config_path}"
+                           + ("; give its --config" if harness and harness != "opencode" else ""))
+    record = parse_record(settings, raw)
+    if harness is not None and record.harness != harness:
+        raise InstallError(f"ocpc installed {record.harness} into {config_path}, not {harness}; "
+                           f"run `ocpc uninstall --harness {record.harness}`")
+    said = restore_config(record, config_path)
+    if record.npm_folder and record.npm_created:
+        said += remove_npm_files(Path(record.npm_folder), [NpmEntry(**e) for e in record.npm_created],
+                                 record.npm_lock_sha256)
+    del records[str(config_path)]
+    write_records(settings, records)
+    return said

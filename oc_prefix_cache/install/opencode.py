@@ -1,0 +1,93 @@
+"""``ocpc install`` for OpenCode: wire the plugin into its config.
+
+Three things at most go into the config: the plugin's ``file://`` URL in ``plugin``, a
+provider for the llama-server when none points at it, and ``agent.title.disable`` (OpenCode's
+title request would otherwise take the slot just before every first request). The npm files
+that the SDK pre-install created are recorded with the config (see ``npm``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..settings import Settings
+from .npm import preinstall_plugin_sdk, record_npm
+from .plugin import install_plugin_files
+from .records import Edit, InstallError, edit_config, normalise_base_url
+
+CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
+TITLE_OFF = "disabled the title request (it would take the slot before each first request)"
+
+
+def default_config_path(*, project: bool, cwd: Path, xdg_config_home: Path) -> Path:
+    folder = cwd / ".opencode" if project else xdg_config_home / "opencode"
+    jsonc_path = folder / "opencode.jsonc"
+    return jsonc_path if jsonc_path.exists() else folder / "opencode.json"
+
+
+def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provider_id: str,
+               model: str, keep_title: bool, output_limit: int | None = None) -> list[Edit]:
+    """What install must insert into ``config``: the pure decision, tested on its own."""
+    edits: list[Edit] = []
+    plugins = config.get("plugin")
+    if not isinstance(plugins, list) or plugin_url not in plugins:
+        if isinstance(plugins, list):
+            edits.append(Edit((), "plugin", plugin_url, f"added the plugin {plugin_url}", kind="append"))
+        else:
+            edits.append(Edit((), "plugin", [plugin_url], f"added the plugin {plugin_url}"))
+    providers = config.get("provider") if isinstance(config.get("provider"), dict) else None
+    if matching_provider(config, base_url) is None:
+        provider = {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "llama.cpp (ocpc)",
+            "options": {"baseURL": normalise_base_url(base_url) + "/v1"},
+            "models": {model: {"name": model} | (
+                {"limit": {"context": CONTEXT_LIMIT, "output": output_limit}} if output_limit else {})},
+        }
+        if providers is None:
+            edits.append(Edit((), "provider", {provider_id: provider}, f"added provider '{provider_id}' for {base_url}"))
+        elif provider_id in providers:
+            raise InstallError(f"provider '{provider_id}' exists and points elsewhere; pick --provider-id")
+        else:
+            edits.append(Edit(("provider",), provider_id, provider, f"added provider '{provider_id}' for {base_url}"))
+    if not keep_title and not config.get("small_model"):
+        agent = config.get("agent")
+        if agent is None:
+            edits.append(Edit((), "agent", {"title": {"disable": True}}, TITLE_OFF))
+        elif isinstance(agent, dict) and "title" not in agent:
+            edits.append(Edit(("agent",), "title", {"disable": True}, TITLE_OFF))
+    return edits
+
+
+def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
+    providers = config.get("provider")
+    if not isinstance(providers, dict):
+        return None
+    want = normalise_base_url(base_url)
+    for pid, provider in providers.items():
+        options = provider.get("options") if isinstance(provider, dict) else None
+        url = options.get("baseURL") if isinstance(options, dict) else None
+        if isinstance(url, str) and normalise_base_url(url) == want:
+            return str(pid)
+    return None
+
+
+def install(settings: Settings, *, config_path: Path, base_url: str, provider_id: str, model: str,
+            keep_title: bool = False, opencode_version: str | None = None,
+            output_limit: int | None = None) -> list[str]:
+    """Install; returns one line per change (empty when there was nothing to do)."""
+    said: list[str] = []
+    plugin_path = install_plugin_files(settings, base_url, said)
+
+    def plan(config: dict[str, Any]) -> list[Edit]:
+        return plan_edits(config, plugin_url=plugin_path.as_uri(), base_url=base_url, provider_id=provider_id,
+                          model=model, keep_title=keep_title, output_limit=output_limit)
+
+    said += edit_config(settings, config_path=config_path, harness="opencode", plan=plan)
+    if opencode_version:
+        npm_said, npm = preinstall_plugin_sdk(config_path.parent, opencode_version)
+        said += npm_said
+        if npm is not None and npm.created:
+            record_npm(settings, config_path, npm)
+    return said

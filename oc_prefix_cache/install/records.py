@@ -1,0 +1,334 @@
+"""What every harness install shares: the edit itself, the backup, the record, and the way back.
+
+An install reads the harness's config as text (JSON with comments allowed), plans the
+entries ocpc needs (a pure function per harness), inserts or replaces exactly those, and
+writes the file behind any symlink, keeping its mode. Before that it backs the original up
+and records each change in ``$OC_PREFIX_CACHE_HOME/install.json``, keyed by the config's
+path. Uninstall then restores the backup byte for byte when nobody changed the file since,
+or undoes exactly ocpc's changes: each inserted snippet is cut where it is, or, when a tool
+re-serialised the file, the member it added is found by its path and removed while it
+still holds ocpc's value; a value ocpc replaced goes back to the user's while it is still
+ocpc's. Whatever the user changed since is kept, and said.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .. import jsonc
+from ..errors import OcpcError
+from ..files import write_atomic
+from ..settings import Settings
+
+EditKind = Literal["member", "append", "replace"]
+
+
+class InstallError(OcpcError):
+    """A harness's config cannot be changed (or put back) safely."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One change to a config: add ``key: value`` to the object at ``path`` (``member``),
+    add ``value`` to the array ``key`` there (``append``), or set ``key``'s value (``replace``)."""
+
+    path: tuple[str, ...]
+    key: str
+    value: Any
+    says: str
+    kind: EditKind = "member"
+    # An object whose members are each ocpc's own (Claude Code's ``env`` block): when the user
+    # adds to it, uninstall takes out ocpc's members and leaves the object with theirs.
+    container: bool = False
+
+
+@dataclass
+class InstallRecord:
+    config: str
+    existed: bool
+    backup: str | None
+    written_sha256: str
+    # One dict per change, in the order made: ``offset``/``snippet`` (what was inserted where),
+    # and, since harness installs, ``kind``, ``path``, ``key``, ``value``, ``old`` (a replaced
+    # value's JSON text) and ``container``. Records from before carry only the first two.
+    insertions: list[dict[str, Any]] = field(default_factory=list)
+    # The backup is the whole truth only after a single install: a second install on top
+    # may follow edits of the user's, which restoring the first backup would lose.
+    restorable: bool = True
+    # What the @opencode-ai/plugin pre-install created in the config's folder (asdict of
+    # NpmEntry), and package-lock.json's digest right after: a later npm run changes it.
+    npm_folder: str | None = None
+    npm_created: list[dict[str, Any]] = field(default_factory=list)
+    npm_lock_sha256: str | None = None
+    harness: str = "opencode"
+    proxy_url: str | None = None  # where a proxy harness was sent (doctor compares)
+
+
+def normalise_base_url(url: str) -> str:
+    """``http://localhost:8080/v1/`` and ``http://127.0.0.1:8080`` are the same server."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    scheme, _, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    name, colon, port = host.lower().partition(":")
+    host = ("127.0.0.1" if name == "localhost" else name) + colon + port
+    return f"{scheme.lower()}://{host}{slash}{path}".rstrip("/")
+
+
+def config_target(config_path: Path) -> Path:
+    """The file to read and write: behind a symlink (dotfile managers use them), the link's
+    target, so the link survives; a link to a missing folder is refused rather than followed."""
+    if not config_path.is_symlink():
+        return config_path
+    target = Path(os.path.realpath(config_path))
+    if not target.parent.is_dir():
+        raise InstallError(f"{config_path} links to {target}, whose folder is missing; fix or remove the link")
+    return target
+
+
+def read_config(config_path: Path) -> tuple[Path, bool, bytes, str, dict[str, Any]]:
+    """The file behind ``config_path``, whether it exists, its bytes, text and parsed object."""
+    target = config_target(config_path)
+    existed = target.exists()
+    original = target.read_bytes() if existed else b""
+    try:
+        text = original.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InstallError(f"{config_path} is not UTF-8 text; not touching it") from exc
+    config = jsonc.loads(text)
+    if not isinstance(config, dict):
+        raise InstallError(f"{config_path} is not a JSON object; not touching it")
+    return target, existed, original, text, config
+
+
+def edit_config(settings: Settings, *, config_path: Path, harness: str,
+                plan: Callable[[dict[str, Any]], list[Edit]], proxy_url: str | None = None) -> list[str]:
+    """Apply ``plan``'s edits to the config, backed up and recorded; one line per change.
+
+    Every harness goes through here, so each gets the same care: nothing is written that
+    does not read back, a damaged record file stops us before the config is touched, and a
+    symlinked config is written behind its link with its mode kept.
+    """
+    target, existed, original, text, config = read_config(config_path)
+    records = load_records(settings)
+    previous = records.get(str(config_path))
+    if previous is not None and previous.get("harness", "opencode") != harness:
+        raise InstallError(f"ocpc installed {previous.get('harness', 'opencode')} into {config_path}, not {harness}; "
+                           f"pick this harness's own config (--config)")
+    edits = plan(config)
+    if not edits:
+        return []
+    new_text, changes = apply_edits(text if text.strip() else "{\n}\n", edits)
+    jsonc.loads(new_text)  # never write what we could not read back
+    backup = _backup(settings, config_path, original) if existed else None
+    write_keeping_mode(target, new_text.encode())
+    save_record(settings, InstallRecord(str(config_path), existed, str(backup) if backup else None,
+                                        hashlib.sha256(new_text.encode()).hexdigest(), changes,
+                                        harness=harness, proxy_url=proxy_url))
+    behind = f" (behind the link {config_path})" if target != config_path else ""
+    return [e.says for e in edits] + [f"wrote {target}{behind}" + (f" (backup: {backup})" if backup else "")]
+
+
+def apply_edits(text: str, edits: list[Edit]) -> tuple[str, list[dict[str, Any]]]:
+    """The edited text, and one record entry per edit (enough to undo it either way)."""
+    changes: list[dict[str, Any]] = []
+    for edit in edits:
+        change: dict[str, Any] = {"kind": edit.kind, "path": list(edit.path), "key": edit.key, "value": edit.value}
+        if edit.kind == "replace":
+            raw = json.dumps(edit.value)
+            text, old = jsonc.replace_value(text, edit.path, edit.key, raw)
+            change.update(old=old)
+        else:
+            if edit.kind == "append":
+                text, insertion = jsonc.append_to_array(text, edit.path, edit.key, edit.value)
+            else:
+                text, insertion = jsonc.insert_member(text, edit.path, edit.key, edit.value)
+            change.update(offset=insertion.offset, snippet=insertion.snippet, container=edit.container)
+        changes.append(change)
+    return text, changes
+
+
+def write_keeping_mode(path: Path, data: bytes) -> None:
+    """Write atomically, keeping an existing file's mode and (when allowed) its owner:
+    a 0644 config stays 0644, and root editing a user's config leaves it the user's."""
+    try:
+        before = path.stat()
+    except FileNotFoundError:
+        write_atomic(path, data)
+        return
+    write_atomic(path, data)
+    os.chmod(path, before.st_mode & 0o7777)
+    after = path.stat()
+    if (after.st_uid, after.st_gid) != (before.st_uid, before.st_gid):
+        try:
+            os.chown(path, before.st_uid, before.st_gid)
+        except PermissionError:
+            pass  # only root can give a file away; then it was ours to begin with
+
+
+def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
+    """Put the config back: the backup, or no file, or the current text minus our changes."""
+    target = config_target(config_path)
+    if not target.exists():  # deleted since: there is nothing of ours left to take out
+        if not record.existed:
+            return [f"{config_path} is gone already (ocpc had created it); nothing to restore"]
+        return [f"{config_path} is gone (deleted since install); wrote nothing"
+                + (f"; the original is still in {record.backup}" if record.backup else "")]
+    current = target.read_bytes()
+    if record.restorable and hashlib.sha256(current).hexdigest() == record.written_sha256:
+        if record.existed and record.backup:
+            write_keeping_mode(target, Path(record.backup).read_bytes())
+            return [f"restored {target} from {record.backup}"]
+        if record.existed:  # only the npm files were ours: the config is the user's as it is
+            return []
+        target.unlink()
+        return [f"removed {target} (ocpc had created it)"]
+    if not record.insertions:
+        return []
+    text, kept = _without_changes(current, record, config_path)
+    if text.encode() == current:
+        return [f"ocpc's entries are no longer in {target}; left it as it is"] + kept
+    write_keeping_mode(target, text.encode())
+    return [f"removed ocpc's entries from {target}; your later edits are kept"] + kept
+
+
+def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -> tuple[str, list[str]]:
+    """The config minus exactly ocpc's changes, checked to still be valid JSON(C), and one
+    line for each of ocpc's entries the user changed since (those stay)."""
+    by_hand = f"{config_path} changed where ocpc wrote; restore it by hand" + (
+        f" (the original is in {record.backup})" if record.backup else "")
+    try:
+        text = current.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InstallError(f"{config_path} is no longer UTF-8 text; {by_hand}") from exc
+    kept: list[str] = []
+    try:
+        for change in reversed(record.insertions):
+            text = _undo(text, change, kept, by_hand)
+        jsonc.loads(text)
+    except jsonc.JsoncError as exc:
+        raise InstallError(f"removing ocpc's entries would leave invalid JSON ({exc}); {by_hand}") from exc
+    return text, kept
+
+
+def _undo(text: str, change: dict[str, Any], kept: list[str], by_hand: str) -> str:
+    """Undo one change: its exact snippet when it is there, else by its path."""
+    path = tuple(change.get("path") or ())
+    key = change.get("key")
+    if change.get("kind") == "replace":
+        return _undo_replace(text, path, str(key), change, kept)
+    snippet = str(change["snippet"])
+    at = int(change["offset"])
+    if text[at:at + len(snippet)] != snippet:
+        count = text.count(snippet)
+        if count > 1:
+            raise InstallError(by_hand)
+        if count == 0:
+            return text if key is None else _remove_by_path(text, path, str(key), change, kept)
+        at = text.index(snippet)
+    return text[:at] + text[at + len(snippet):]
+
+
+def _undo_replace(text: str, path: tuple[str, ...], key: str, change: dict[str, Any], kept: list[str]) -> str:
+    current = jsonc.value_at(text, (*path, key))
+    if current is jsonc.MISSING:
+        return text
+    if current != change["value"]:
+        kept.append(f"kept {_name(path, key)}: you changed it since install (it was {change['old']} before)")
+        return text
+    return jsonc.replace_value(text, path, key, str(change["old"]))[0]
+
+
+def _remove_by_path(text: str, path: tuple[str, ...], key: str, change: dict[str, Any], kept: list[str]) -> str:
+    """The snippet is not in the text as written (the file was re-serialised, or edited):
+    remove what ocpc added where it now is, while it still holds ocpc's value."""
+    value = change["value"]
+    current = jsonc.value_at(text, (*path, key))
+    if current is jsonc.MISSING:
+        return text  # the user took it out already
+    if change.get("kind") == "append":
+        return jsonc.remove_element(text, (*path, key), value) if isinstance(current, list) else text
+    if current == value:
+        return jsonc.remove_member(text, path, key)
+    if change.get("container") and isinstance(current, dict) and isinstance(value, dict):
+        for sub, ours in reversed(list(value.items())):
+            if sub in current and current[sub] == ours:
+                text = jsonc.remove_member(text, (*path, key), sub)
+            elif sub in current:
+                kept.append(f"kept {_name((*path, key), sub)}: you changed it since install")
+        if jsonc.value_at(text, (*path, key)) == {}:
+            text = jsonc.remove_member(text, path, key)
+        return text
+    kept.append(f"kept {_name(path, key)}: you changed it since install")
+    return text
+
+
+def _name(path: tuple[str, ...], key: str) -> str:
+    return ".".join((*path, key))
+
+
+def _backup(settings: Settings, config_path: Path, original: bytes) -> Path:
+    folder = settings.home / "backups"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f"{config_path.name}.{time.strftime('%Y%m%d-%H%M%S')}.", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        out.write(original)
+    return Path(name)
+
+
+def records_path(settings: Settings) -> Path:
+    return settings.home / "install.json"
+
+
+def load_records(settings: Settings) -> dict[str, dict[str, Any]]:
+    path = records_path(settings)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise InstallError(f"{path} is damaged ({exc}); fix or remove it") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def write_records(settings: Settings, records: dict[str, dict[str, Any]]) -> None:
+    write_atomic(records_path(settings), json.dumps(records, indent=1).encode())
+
+
+def parse_record(settings: Settings, raw: dict[str, Any]) -> InstallRecord:
+    try:
+        return InstallRecord(**raw)
+    except TypeError as exc:
+        raise InstallError(f"{records_path(settings)} is damaged ({exc}); fix or remove it") from exc
+
+
+def installed(settings: Settings, harness: str) -> list[InstallRecord]:
+    """The configs ocpc installed ``harness`` into, as recorded."""
+    return [record for raw in load_records(settings).values()
+            if (record := parse_record(settings, raw)).harness == harness]
+
+
+def save_record(settings: Settings, record: InstallRecord) -> None:
+    records = load_records(settings)
+    previous = records.get(record.config)
+    if previous is not None:
+        record.npm_folder = previous.get("npm_folder")
+        record.npm_created = previous.get("npm_created") or []
+        record.npm_lock_sha256 = previous.get("npm_lock_sha256")
+    if previous is not None and previous.get("insertions"):
+        # a second install on top: keep the first backup and changes
+        record.backup = previous["backup"]
+        record.existed = previous["existed"]
+        record.insertions = previous["insertions"] + record.insertions
+        record.restorable = False
+    records[record.config] = asdict(record)
+    write_records(settings, records)

@@ -1,0 +1,89 @@
+"""`ocpc proxy` in front of the real llama-server (rig): slot affinity with -np 2, a client that
+goes away mid-stream (the server's task is cancelled), and the server's own errors passed on."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .helpers import PROJ_A, PROJ_B, UA, capture
+from .test_proxy import proxy_for  # noqa: F401  (fixture)
+from .test_proxy import post
+
+pytestmark = pytest.mark.rig
+END_AT_ONCE = ("--logit-bias", "151645+30")
+
+
+def turn(body: dict[str, Any], n: int) -> dict[str, Any]:
+    """The conversation after ``n - 1`` more exchanges, streamed with a short answer."""
+    messages = list(body["messages"])
+    for i in range(2, n + 1):
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"and now step {i}"}]
+    return {**body, "messages": messages, "stream": True, "max_tokens": 4}
+
+
+def test_two_openai_conversations_alternate_on_their_own_slots(llama_server: Any, proxy_for: Any) -> None:  # noqa: F811
+    server = llama_server("qwen35", ctx_size=65536, parallel=2, extra_args=END_AT_ONCE)
+    proxy = proxy_for(server.url)
+    conversations = {"P": (capture(PROJ_A), "ses-parent"), "Q": (capture(PROJ_B), "ses-other-prompt")}
+    rows = []
+    for n in (1, 2, 3):
+        for name, (body, session) in conversations.items():
+            response = post(proxy.url, turn(body, n), headers={"user-agent": UA, "x-session-id": session},
+                            timeout=300)
+            assert response.status_code == 200 and b'"timings"' in response.content
+            record = proxy.status()["recent"][-1]
+            rows.append({"conversation": name, "turn": n, **{k: record[k] for k in (
+                "slot", "rule", "action", "cache_n", "prompt_n")}})
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    slots = {name: {r["slot"] for r in rows if r["conversation"] == name} for name in conversations}
+    assert len(slots["P"]) == 1 and len(slots["Q"]) == 1 and slots["P"] != slots["Q"], rows
+    for row in rows:
+        if row["turn"] > 1:  # only the new exchange is processed, the rest is reused from its own slot
+            assert row["rule"] == "own" and row["prompt_n"] < 60 and row["cache_n"] > 7000, row
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_the_servers_task(llama_server: Any,
+                                                                     proxy_for: Any) -> None:  # noqa: F811
+    server = llama_server("qwen35", ctx_size=4096)  # no logit bias: it would generate all 3000 tokens
+    proxy = proxy_for(server.url)
+    body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 3000,
+            "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        chunks = response.iter_raw()
+        for _ in range(3):
+            next(chunks)
+    started = time.monotonic()
+    idle = False
+    while time.monotonic() - started < 10:
+        slot = httpx.get(server.url + "/slots", timeout=5).json()[0]
+        if not slot["is_processing"]:
+            idle = True
+            break
+        time.sleep(0.1)
+    log = Path(server.log_path).read_text(errors="replace")
+    cancelled = re.search(r"cancel task, id_task = (\d+)", log)
+    assert idle and cancelled, "the server kept generating for the client that left:\n" + log[-3000:]
+    stopped = re.search(rf"task {cancelled.group(1)} \| stop processing: n_tokens = (\d+)", log)
+    assert stopped and int(stopped.group(1)) < 3000, log[-3000:]  # it never generated its 3000 tokens
+    print(f"\nslot idle {time.monotonic() - started:.2f} s after the client left; {cancelled.group(0)}, "
+          f"stopped at {stopped.group(1)} tokens")
+    assert proxy.counters()["client_disconnected"] == 1
+    assert post(proxy.url, {**body, "stream": False, "max_tokens": 2}).status_code == 200  # nothing stuck
+
+
+def test_the_servers_own_errors_come_back_unchanged(llama_server: Any, proxy_for: Any) -> None:  # noqa: F811
+    server = llama_server("qwen35", ctx_size=2048)
+    proxy = proxy_for(server.url)
+    for raw, path in ((b"{garbage", "/v1/chat/completions"), (b'{"messages": 3}', "/v1/chat/completions"),
+                      (b"[1, 2]", "/v1/messages"), (b'{"model": "m"}', "/v1/messages")):
+        direct = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+        through = post(proxy.url, raw, path=path)
+        assert (through.status_code, through.content) == (direct.status_code, direct.content), (raw, through.text)
+        assert through.status_code >= 400
