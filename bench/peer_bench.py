@@ -10,8 +10,11 @@ in its own venv (installed on first use, cached by version).
 Three arms, each its own llama-server from the same binary and model with the same flags
 (``-c 16384 -np 1 --slot-save-path <its own temp dir>``): ``none`` (plain llama-server),
 ``ocpc`` (the plugin's path: POST /v1/prepare to the daemon, then the request straight
-to the server, then the untimed /v1/report) and ``hearth`` (the request through its
-proxy). Every step runs for all three arms in turn, so they share the machine's state:
+to the server, then the untimed /v1/report that ties the slot to the conversation) and
+``hearth`` (the request through its proxy). Every step runs for all three arms in turn,
+the order rotating from step to step and run to run (none/ocpc/hearth, ocpc/hearth/none,
+...), so load from other work on the machine lands on every arm alike, and no arm always
+goes first after a restart:
 
 1. warm-up: a first request of project B's OpenCode session (first ever: ocpc warms
    and saves the head; hearth saves its snapshot); then every server restarts;
@@ -25,7 +28,8 @@ Requests are OpenCode's captured bodies, non-streaming, ``max_tokens: 1`` and
 ``temperature: 0``: wall time is the time to the first (only) token. prompt_n/cache_n
 come from the server's ``timings``. Turns run back to back like an agent loop, so
 hearth's save after a reply is paid by the next turn (the last save is not timed).
-The whole scenario runs ``--repeat`` times on fresh temp state; tables show medians.
+The whole scenario runs ``--repeat`` times on fresh temp state; tables show medians and
+the range over runs, and every "vs none" ratio is taken within a run before its median.
 
 Uneven by design, not by set-up: hearth keys on whole messages, so a new session's first
 request (no assistant message yet) can never hit; its snapshots are whole turns, which a
@@ -35,6 +39,7 @@ checkpoints in a restored slot on this build); and it ignores the tools in its k
     .venv/bin/python bench/peer_bench.py                 # full run: qwen35 and qwen3, 10 turns, 3 runs
     .venv/bin/python bench/peer_bench.py --smoke         # CI: one model, 3 turns, 1 run
     .venv/bin/python bench/peer_bench.py --json out.json --turns 10 --models qwen35
+    .venv/bin/python bench/peer_bench.py --peer-dir /tmp/peer    # install hearth-llm there instead
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.demo import opencode_body, prepare_over_http
+from oc_prefix_cache.demo import ChatTiming, Spread, load_average, opencode_body, prepare_over_http, report_over_http
 from oc_prefix_cache.errors import OcpcError, ProcessError
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import Supervised
@@ -72,9 +77,9 @@ ARMS = ("none", "ocpc", "hearth")
 CASES = ("warm-up: first request ever", "new session after restart", "resume after restart")
 
 
-def ensure_hearth() -> Path:
+def ensure_hearth(peer_dir: Path = PEER_DIR) -> Path:
     """hearth's CLI from its own venv, installed once per version; fails loudly."""
-    venv, exe = PEER_DIR / "venv", PEER_DIR / "venv" / "bin" / "hearth"
+    venv, exe = peer_dir / "venv", peer_dir / "venv" / "bin" / "hearth"
     if not exe.exists():
         shutil.rmtree(venv, ignore_errors=True)
         try:
@@ -121,7 +126,7 @@ class Arm:
         response.raise_for_status()
         payload = response.json()
         return {"prompt_n": int(payload["timings"]["prompt_n"]), "cache_n": int(payload["timings"]["cache_n"]),
-                "request_ms": request_ms, "prepare_ms": 0.0, "total_ms": request_ms, "action": "-",
+                "predicted_n": int(payload["timings"].get("predicted_n", 0)), "request_ms": request_ms, "prepare_ms": 0.0, "total_ms": request_ms, "action": "-",
                 "reply": payload["choices"][0]["message"].get("content") or "", "headers": response.headers}
 
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
@@ -157,9 +162,10 @@ class OcpcArm(Arm):
         prepare_ms = (time.perf_counter() - started) * 1000
         row = self.chat(self.server.url, body)
         row.update(prepare_ms=prepare_ms, total_ms=prepare_ms + row["request_ms"], action=answer["action"])
-        if answer.get("fingerprint"):  # the plugin's report, off the timed path
-            self.http.post(f"{self.daemon.url}/v1/report", json={
-                "fingerprint": answer["fingerprint"], "cache_n": row["cache_n"], "prompt_n": row["prompt_n"]})
+        # The plugin's report, off the timed path: it ties the slot to the conversation.
+        report_over_http(self.http, self.daemon.url, answer, ChatTiming(
+            prompt_n=row["prompt_n"], cache_n=row["cache_n"], prompt_ms=0.0, wall_ms=row["request_ms"],
+            predicted_n=row["predicted_n"]))
         return row
 
 
@@ -192,34 +198,49 @@ class HearthArm(Arm):
         return row
 
 
-def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path) -> dict[str, Any]:
+def arm_order(step: int, run: int) -> list[str]:
+    """The arms' order for one step: rotated by step and run, so none of them always goes
+    first (right after a restart, or after another arm's burst of work)."""
+    k = (step + run) % len(ARMS)
+    return list(ARMS[k:] + ARMS[:k])
+
+
+def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path,
+                run: int = 0) -> dict[str, Any]:
     work.mkdir(parents=True)
     arms: dict[str, Arm] = {}
     cases: dict[str, dict[str, Any]] = {case: {} for case in CASES}
     per_turn: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
+    order: list[list[str]] = []
+
+    def in_turn(step: int) -> list[tuple[str, Arm]]:
+        names = arm_order(step, run)
+        order.append(names)
+        return [(name, arms[name]) for name in names]
+
     try:
         arms["none"] = Arm("none", binary, model, work, work / "none-slots")
         arms["ocpc"] = OcpcArm(binary, model, work)
         arms["hearth"] = peer = HearthArm(hearth, binary, model, work)
         for arm in arms.values():
             arm.start()
-        for name, arm in arms.items():
+        for name, arm in in_turn(0):
             cases[CASES[0]][name] = arm.send(json.loads(opencode_body("B")), "ses_warmup")
-        for arm in arms.values():
+        for _, arm in in_turn(1):
             arm.server.restart()
         talks = {name: json.loads(opencode_body("A")) for name in ARMS}
         for k in range(1, turns + 1):
-            for name, arm in arms.items():
+            for name, arm in in_turn(k + 1):
                 row = arm.send(talks[name], "ses_bench")
                 per_turn[name].append(row)
                 talks[name]["messages"] += [{"role": "assistant", "content": row["reply"]},
                                             {"role": "user", "content": user_turn(k + 1)}]
         for name in ARMS:
             cases[CASES[1]][name] = per_turn[name][0]
-        for arm in arms.values():
+        for _, arm in in_turn(turns + 2):
             arm.server.restart()
-        time.sleep(1.5)  # a user comes back later than ocpc's 1 s restart watch; the same for every arm
-        for name, arm in arms.items():
+        time.sleep(1.5)  # a user comes back a while later; the same for every arm
+        for name, arm in in_turn(turns + 3):
             cases[CASES[2]][name] = arm.send(talks[name], "ses_bench")
         hearth_stats = peer.http.get(f"{peer.proxy_url}/hearth/stats").json()
     finally:
@@ -233,35 +254,47 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
     def clean(row: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in row.items() if k not in ("headers", "reply")}
     return {"cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},
-            "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()},
+            "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()}, "order": order,
             "bodies_identical": len(digests) == 1, "hearth_stats": hearth_stats,
             "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
                      "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]}}
 
 
 def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repetitions (fresh temp state each); counts and actions from all of them."""
-    def row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians and ranges over the runs (fresh temp state each); every "vs none" ratio is
+    taken within its run first; counts and actions from all of them."""
+    def row(rows: list[dict[str, Any]], base: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out = dict(rows[0])
         for key in ("prepare_ms", "request_ms", "total_ms"):
             out[key] = statistics.median(r[key] for r in rows)
+        out["total_spread"] = Spread.of([r["total_ms"] for r in rows]).to_json()
+        if base is not None:
+            out["vs_none"] = Spread.of([b["total_ms"] / r["total_ms"] for b, r in zip(base, rows, strict=True)]).to_json()
         for key in ("action", "prompt_n", "cache_n"):
             out[key] = "/".join(dict.fromkeys(str(r[key]) for r in rows))
         out["runs_total_ms"] = [round(r["total_ms"], 1) for r in rows]
         return out
     first = reps[0]
-    merged = {"cases": {c: {a: row([r["cases"][c][a] for r in reps]) for a in ARMS} for c in CASES},
+    cases = {c: {a: row([r["cases"][c][a] for r in reps], [r["cases"][c]["none"] for r in reps]) for a in ARMS}
+             for c in CASES}
+    merged = {"cases": cases,
               "turns": {a: [row([r["turns"][a][i] for r in reps]) for i in range(len(first["turns"][a]))]
                         for a in ARMS},
               "bodies_identical": all(r["bodies_identical"] for r in reps), "disk": first["disk"],
-              "hearth_stats": [r["hearth_stats"] for r in reps], "repeat": len(reps)}
+              "hearth_stats": [r["hearth_stats"] for r in reps], "repeat": len(reps),
+              "orders": [r["order"] for r in reps]}
     merged["summary"] = summarize(merged["turns"])
+    for arm in ARMS:  # a whole session per run, against none's in the same run
+        sessions = [sum(t["total_ms"] for t in r["turns"][arm]) for r in reps]
+        none = [sum(t["total_ms"] for t in r["turns"]["none"]) for r in reps]
+        merged["summary"][arm]["session_spread"] = Spread.of(sessions).to_json()
+        merged["summary"][arm]["session_vs_none"] = Spread.of([n / s for n, s in zip(none, sessions, strict=True)]).to_json()
     return merged
 
 
-def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per arm over turns 2..N (turn 1 is the new-session case of table 1)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for arm, rows in turns.items():
         later = rows[1:] or rows
         ms = [r["total_ms"] for r in later]
@@ -275,32 +308,40 @@ def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, flo
     return out
 
 
+def _range(spread: dict[str, float], unit: str = "", digits: int = 1) -> str:
+    return (f"{spread['median']:,.{digits}f}{unit} "
+            f"({spread['low']:,.{digits}f}-{spread['high']:,.{digits}f})")
+
+
 def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> None:
     for label, res in results.items():
-        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1; "
-                            f"median of {res['repeat']} runs)")
-        for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms", "vs none"):
+        runs = res["repeat"]
+        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1)",
+                      caption=f"median (range) over {runs} run(s); arms in rotating order; vs none taken within "
+                              "each run")
+        for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms",
+                    "vs none"):
             table.add_column(col, justify="left" if col in ("case", "arm", "action") else "right")
         for case in CASES:
-            base = res["cases"][case]["none"]["total_ms"]
             for arm in ARMS:
                 r = res["cases"][case][arm]
-                ratio = base / r["total_ms"]
                 table.add_row(case if arm == "none" else "", arm, r["action"], r["prompt_n"], r["cache_n"],
-                              f"{r['prepare_ms']:.1f}", f"{r['request_ms']:.1f}", f"{r['total_ms']:.1f}",
-                              f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
+                              f"{r['prepare_ms']:.1f}", f"{r['request_ms']:.1f}", _range(r["total_spread"]),
+                              _range(r["vs_none"], "x", 2))
             table.add_section()
         console.print(table)
         table = Table(title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns}, "
-                            f"each turn the median of {res['repeat']} runs)")
+                            f"each turn the median of {runs} run(s))",
+                      caption="session: all turns summed per run, median (range); vs none within each run")
         for col in ("arm", "turn 1 ms", "mean ms", "p50 ms", "max ms", "of which prepare", "overhead vs none",
-                    "prompt_n", "cache_n", "session ms"):
+                    "prompt_n", "cache_n", "session ms", "session vs none"):
             table.add_column(col, justify="left" if col == "arm" else "right")
         for arm in ARMS:
             s = res["summary"][arm]
             table.add_row(arm, f"{s['turn1_ms']:.1f}", f"{s['mean_ms']:.1f}", f"{s['p50_ms']:.1f}",
                           f"{s['max_ms']:.1f}", f"{s['prepare_mean_ms']:.1f}", f"{s['overhead_ms']:+.1f}",
-                          f"{s['prompt_n_mean']:.0f}", f"{s['cache_n_mean']:.0f}", f"{s['session_ms']:.0f}")
+                          f"{s['prompt_n_mean']:.0f}", f"{s['cache_n_mean']:.0f}",
+                          _range(s["session_spread"], digits=0), _range(s["session_vs_none"], "x", 2))
         console.print(table)
         disk, hs = res["disk"], res["hearth_stats"][0]
         console.print(f"hearth's last slot restore {hs.get('last_restore_ms', '-')} ms, last save "
@@ -317,26 +358,30 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=10, help="turns in the session (>= 2)")
     parser.add_argument("--models", default="qwen35,qwen3", help="tiny rig models, comma-separated")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the whole scenario; medians (smoke: 1)")
+    parser.add_argument("--peer-dir", type=Path, default=PEER_DIR, help="where hearth-llm's venv is (installed once)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     turns, models, repeat = (3, ["qwen35"], 1) if args.smoke else (max(2, args.turns), args.models.split(","),
                                                                      max(1, args.repeat))
-    print(f"load average (1/5/15 min) at the start: {os.getloadavg()}", file=sys.stderr)
+    load_start = load_average()
+    print(f"load average (1/5/15 min) at the start: {load_start}", file=sys.stderr)
     rig = ensure_rig(Settings.from_env())  # the cached rig: its location does not depend on OC_PREFIX_CACHE_HOME
-    hearth = ensure_hearth()
+    hearth = ensure_hearth(args.peer_dir)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="ocpc-peer-bench-") as tmp:
         os.environ["OC_PREFIX_CACHE_HOME"] = str(Path(tmp) / "home")  # nothing touches the real ocpc home
         for label in models:
             model = ensure_model(rig, label)
-            results[label] = merge([bench_model(label, rig.server, model, Path(tmp) / label / f"run{i}", turns, hearth)
-                                    for i in range(repeat)])
+            results[label] = merge([bench_model(label, rig.server, model, Path(tmp) / label / f"run{i}", turns, hearth,
+                                                run=i) for i in range(repeat)])
     console = Console(width=max(150, shutil.get_terminal_size().columns))
     render(results, turns, console)
-    console.print(f"load average (1/5/15 min) at the end: {os.getloadavg()}; "
-                  f"other work on this machine makes single timings noisy")
+    load_end = load_average()
+    console.print(f"load average (1/5/15 min): {load_start} at the start, {load_end} at the end; other work on this "
+                  "machine makes single timings noisy, hence the rotating order and the ranges", soft_wrap=True)
     if args.json:
         args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "repeat": repeat,
+                                         "load_average": {"start": load_start, "end": load_end},
                                          "models": results}, indent=2, default=str))
     return 0
 

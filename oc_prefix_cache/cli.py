@@ -190,10 +190,11 @@ def proxy(
 def demo(
     model: Annotated[Path | None, typer.Option("-m", "--model", help="Your GGUF model (default: tiny hybrid).")] = None,
     server_bin: Annotated[Path | None, typer.Option(help="Your llama-server (default: the rig's CPU build).")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of the four cases (medians and ranges over them).")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show cold vs. warm first requests on a real OpenCode request, on this machine."""
-    from .demo import render_demo, rows_json, run_demo
+    from .demo import render_demo, run_demo
     from .rig import ensure_rig, find_server
     from .tinymodels import ensure_model
 
@@ -209,10 +210,10 @@ def demo(
             else:
                 binary = ensure_rig(settings, progress=step).server
             model_path = model or ensure_model(ensure_rig(settings, progress=step), "qwen35", progress=step)
-            rows = run_demo(binary=binary, model=model_path, step=step)
-        data = rows_json(rows)
+            result = run_demo(binary=binary, model=model_path, step=step, rounds=rounds)
+        data = result.to_json()
         if as_json:
-            print_json({"model": str(model_path), "server": str(binary), "rows": data})
+            print_json({"model": str(model_path), "server": str(binary)} | data)
             return
         render_demo(data, model_path.name, Console())
 
