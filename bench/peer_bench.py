@@ -8,7 +8,8 @@ It runs here in attach mode, ``hearth serve --upstream URL --cache-dir DIR --por
 in its own venv (installed on first use, cached by version).
 
 Three arms, each its own llama-server from the same binary and model with the same flags
-(``-c 16384 -np 1 --slot-save-path <its own temp dir>``): ``none`` (plain llama-server),
+(``-c 16384 -np 1 -t <cores - 1> --slot-save-path <its own temp dir>``; see
+``oc_prefix_cache.demo.server_threads`` for the threads): ``none`` (plain llama-server),
 ``ocpc`` (the plugin's path: POST /v1/prepare to the daemon, then the request straight
 to the server, then the untimed /v1/report that ties the slot to the conversation) and
 ``hearth`` (the request through its proxy). Every step runs for all three arms in turn,
@@ -63,7 +64,9 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.demo import ChatTiming, Spread, load_average, opencode_body, prepare_over_http, report_over_http
+from oc_prefix_cache.demo import (
+    ChatTiming, Spread, load_average, opencode_body, prepare_over_http, report_over_http, server_threads,
+)
 from oc_prefix_cache.errors import OcpcError, ProcessError
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import Supervised
@@ -106,7 +109,8 @@ class Arm:
 
     def __init__(self, name: str, binary: Path, model: Path, work: Path, slot_dir: Path) -> None:
         self.name, self.work = name, work
-        config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=slot_dir, ctx_size=16384)
+        config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=slot_dir, ctx_size=16384,
+                              extra_args=("-t", str(server_threads())))
         self.server = LlamaServer(config=config, log_path=work / f"{name}-server.log")
         self.http = httpx.Client(timeout=1800)
 
@@ -377,8 +381,9 @@ def main() -> int:
     console = Console(width=max(150, shutil.get_terminal_size().columns))
     render(results, turns, console)
     load_end = load_average()
-    console.print(f"load average (1/5/15 min): {load_start} at the start, {load_end} at the end; other work on this "
-                  "machine makes single timings noisy, hence the rotating order and the ranges", soft_wrap=True)
+    console.print(f"load average (1/5/15 min): {load_start} at the start, {load_end} at the end; llama-server -t "
+                  f"{server_threads()}; other work on this machine makes single timings noisy, hence the rotating order "
+                  "and the ranges", soft_wrap=True)
     if args.json:
         args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "repeat": repeat,
                                          "load_average": {"start": load_start, "end": load_end},

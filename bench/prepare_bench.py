@@ -56,7 +56,7 @@ from rich.table import Table
 from oc_prefix_cache.conversation import parse
 from oc_prefix_cache.demo import (
     CASES, COLD, RESTART, UA, Bodies, Sample, Spread, Stage, load_average, prepare_over_http,
-    report_over_http, restart_fresh, run_round, summarize, timed_chat,
+    report_over_http, restart_fresh, run_round, server_threads, summarize, timed_chat,
 )
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import Supervised
@@ -324,8 +324,9 @@ def bench_size(stage: Stage, size: str, rounds: int, say: Any) -> dict[str, Any]
 def bench_model(label: str, binary: Path, model: Path, work: Path, *, sizes: list[str], rounds: int, calls: int,
                 synthetic: Session | None, say: Any) -> dict[str, Any]:
     server = LlamaServer(config=ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=work / "slots",
-                                             ctx_size=CTX), log_path=work / f"{label}-server.log")
-    results: dict[str, Any] = {"sizes": {}, "load_start": load_average()}
+                                             ctx_size=CTX, extra_args=("-t", str(server_threads()))),
+                         log_path=work / f"{label}-server.log")
+    results: dict[str, Any] = {"sizes": {}, "load_start": load_average(), "server_threads": server_threads()}
     server.start(timeout=600)
     try:
         with httpx.Client() as http:  # one client: no per-call connection set-up in the timings
@@ -383,8 +384,8 @@ def render(results: dict[str, Any], console: Console) -> None:
         if "synthetic" in res:
             lines.append(_hit_line(res["synthetic"], inproc_target=True))
         console.print("\n".join(lines), soft_wrap=True)
-        console.print(f"load average (1/5/15 min): {res['load_start']} at the start, {res['load_end']} at the end\n",
-                      soft_wrap=True)
+        console.print(f"load average (1/5/15 min): {res['load_start']} at the start, {res['load_end']} at the end; "
+                      f"llama-server -t {res['server_threads']}\n", soft_wrap=True)
 
 
 def _hit_line(hit: dict[str, Any], *, inproc_target: bool) -> str:

@@ -6,17 +6,18 @@ OpenCode 1.18.33: 11 tools, its real system prompt, ~7.5k tokens) the way the pl
 does: prepare, then the request itself, then the report. Four first requests of a new
 session:
 
-- **cold**: plain llama-server, freshly restarted (nothing cached anywhere), no ocpc;
-- **first run**: the server restarted again (the cold turn must not serve ocpc's warm-up)
-  and a fresh ocpc home: ocpc prefills and saves the head, then the request;
+- **first run**: a freshly restarted server and a fresh ocpc home: ocpc prefills and saves
+  the head, then the request;
 - **same server**: another project's first request (a new session) on that server;
-- **after restart**: the server restarted, that request again: the head comes from disk.
+- **cold**: that request on plain llama-server, freshly restarted (nothing cached
+  anywhere, nothing of ocpc's in the slot), no ocpc;
+- **after restart**: the server restarted again, the same request: the head comes from disk.
 
 Why rounds: on a shared machine a single timing is noise, and running one arm's samples
 after the other's puts a burst of load on one arm only (the headline once moved from 4.3x
-to 14.2x between two runs). So each round runs the four cases back to back, the rounds
-repeat, and every ratio is taken within a round (cold and the arm seconds apart) before
-the median and range over rounds are shown. State lives in a temp folder, so the demo
+to 14.2x between two runs). So each round runs the four cases back to back (cold and
+after-restart, the headline's two sides, next to each other), the rounds repeat, and
+every ratio is taken within a round before the median and range over rounds are shown. State lives in a temp folder, so the demo
 touches nothing of yours.
 """
 
@@ -46,7 +47,8 @@ Step = Callable[[str], None]
 
 COLD, FIRST, SAME, RESTART = ("cold, no ocpc", "first run (paid once)", "new session, same server",
                               "new session after restart")
-CASES = (COLD, FIRST, SAME, RESTART)  # the order every round runs them in
+CASES = (COLD, FIRST, SAME, RESTART)  # the order they are shown in
+ORDER = (FIRST, SAME, COLD, RESTART)  # the order every round runs them in (see ``run_round``)
 ROUNDS = 5  # enough for a median that holds within +-25% run to run on a loaded 2-core box
 
 
@@ -142,6 +144,22 @@ def paired_ratios(base: Sequence[float], arm: Sequence[float]) -> list[float]:
     return [b / a for b, a in zip(base, arm, strict=True)]
 
 
+def server_threads() -> int:
+    """llama-server's threads for the demo and the benches: all cores but one.
+
+    llama.cpp's threads wait for each other at every step, so with one thread per core any
+    other work on the machine stalls them all, and long prefills suffer far more than short
+    ones: the cold arm's time, and so every ratio, then measures the neighbours. On this
+    2-core box under load 5, a cold 7.5k-token prefill took 4.3-8.8 s with 2 threads and
+    1.3-2.0 s with 1. The core left over runs the daemon and the client.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    return max(1, cores - 1)
+
+
 def load_average() -> tuple[float, float, float]:
     try:
         one, five, fifteen = os.getloadavg()
@@ -182,20 +200,21 @@ class Stage:
 
 
 def run_round(stage: Stage, index: int, bodies: Bodies, step: Step) -> list[Sample]:
-    """Cold, first run, same server, after restart: in that order, nothing shared but the files
-    ocpc itself saved in this round (a fresh ocpc home each round, so the first run warms)."""
+    """First run, same server, cold, after restart: nothing shared with other rounds (a fresh
+    ocpc home each round, so the first run warms). Cold and after-restart, the headline's
+    two sides, run next to each other, each right after a restart of the server."""
     settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(stage.work / f"round{index}")})
-    step(f"round {index + 1}: cold (a freshly restarted server, no ocpc)")
     restart_fresh(stage.server, slot_dir=settings.slot_dir)
-    samples = [_direct(stage, COLD, bodies.other, index)]
-    stage.server.restart()  # the cold turn must not serve ocpc's warm-up
     daemon = Daemon(settings=settings, server_url=stage.server.url, port=0, server_binary=stage.binary)
     daemon.start()
     try:
         step(f"round {index + 1}: first run (ocpc warms the head once)")
-        samples.append(_prepared(stage, daemon, FIRST, bodies.first, f"ses_{index}_a", index))
+        samples = [_prepared(stage, daemon, FIRST, bodies.first, f"ses_{index}_a", index)]
         step(f"round {index + 1}: new session, same server")
         samples.append(_prepared(stage, daemon, SAME, bodies.other, f"ses_{index}_b", index))
+        step(f"round {index + 1}: cold (a freshly restarted server, no ocpc)")
+        stage.server.restart()
+        samples.append(_direct(stage, COLD, bodies.other, index))
         step(f"round {index + 1}: new session after a server restart")
         stage.server.restart()
         samples.append(_prepared(stage, daemon, RESTART, bodies.other, f"ses_{index}_c", index))
@@ -282,6 +301,7 @@ class DemoResult:
     samples: list[Sample]  # in the order they ran
     load_start: tuple[float, float, float]
     load_end: tuple[float, float, float]
+    threads: int = 0  # llama-server's -t
 
     def rows(self) -> list[Row]:
         return summarize(self.samples)
@@ -291,6 +311,7 @@ class DemoResult:
         cold, restart = rows[0], rows[-1]
         return {
             "rounds": len({s.round for s in self.samples}),
+            "server_threads": self.threads,
             "order": [s.case for s in self.samples],
             "rows": [row.to_json() for row in rows],
             "samples": [asdict(s) | {"total_ms": round(s.total_ms, 3)} for s in self.samples],
@@ -305,7 +326,7 @@ def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx
     with tempfile.TemporaryDirectory(prefix="ocpc-demo-") as tmp:
         work = Path(tmp)
         config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=work / "slots",
-                              ctx_size=ctx_size)
+                              ctx_size=ctx_size, extra_args=("-t", str(server_threads())))
         server = LlamaServer(config=config, log_path=work / "llama-server.log")
         step(f"starting llama-server with {model.name}")
         server.start(timeout=600)
@@ -317,26 +338,26 @@ def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx
                     samples += run_round(stage, index, Bodies.captured(), step)
         finally:
             server.stop()
-    return DemoResult(samples=samples, load_start=load_start, load_end=load_average())
+    return DemoResult(samples=samples, load_start=load_start, load_end=load_average(), threads=server_threads())
 
 
 def render_demo(data: dict[str, Any], model_name: str, out: Console) -> None:
     """The table and the headline, from ``DemoResult.to_json()``."""
     rounds = data["rounds"]
     table = Table(title=f"first request of a new OpenCode session ({model_name})", caption=(
-        f"median (range) of {rounds} rounds; each round runs the four cases back to back, "
+        f"median and range of {rounds} rounds; each round runs the four cases back to back, "
         "and vs cold compares within a round"))
     for name in ("case", "ocpc", "prompt tok", "from cache", "ms", "vs cold"):
-        table.add_column(name, justify="left" if name in ("case", "ocpc") else "right", no_wrap=name != "case")
+        table.add_column(name, justify="left" if name in ("case", "ocpc") else "right")
     for row in data["rows"]:
         total, ratio = row["total_ms"], row["vs_cold"]
         table.add_row(row["case"], row["action"], f"{row['prompt_n']:,}", f"{row['cache_n']:,}",
-                      f"{total['median']:,.0f} ({total['low']:,.0f}-{total['high']:,.0f})",
-                      f"{ratio['median']:.1f}x ({ratio['low']:.1f}-{ratio['high']:.1f})")
+                      f"{total['median']:,.0f}\n[dim]{total['low']:,.0f}-{total['high']:,.0f}[/dim]",
+                      f"{ratio['median']:.1f}x\n[dim]{ratio['low']:.1f}-{ratio['high']:.1f}x[/dim]")
     out.print(table)
     head, load = data["headline"], data["load_average"]
     speed = head["speedup"]
     out.print(f"after a server restart: {head['fewer_tokens']:.0f}x fewer prompt tokens, "
               f"{speed['median']:.1f}x faster than cold ({speed['low']:.1f}-{speed['high']:.1f}x over "
-              f"{speed['n']} rounds; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end)",
-              soft_wrap=True)
+              f"{speed['n']} rounds; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end; "
+              f"llama-server -t {data.get('server_threads') or '?'})", soft_wrap=True)

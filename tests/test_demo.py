@@ -14,7 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.demo import CASES, COLD, RESTART, DemoResult, Sample, Spread, render_demo, summarize
+from oc_prefix_cache.demo import (
+    CASES, COLD, ORDER, RESTART, DemoResult, Sample, Spread, render_demo, summarize,
+)
 
 
 @pytest.mark.rig
@@ -22,7 +24,8 @@ def test_demo_alternates_its_arms_and_serves_the_head_from_cache_after_a_restart
     result = CliRunner().invoke(app, ["demo", "--json", "--rounds", "2"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["rounds"] == 2 and data["order"] == list(CASES) * 2  # cold, ocpc, ..., cold, ocpc, ...
+    assert data["rounds"] == 2 and data["order"] == list(ORDER) * 2  # ocpc, ocpc, cold, ocpc, ocpc, ...
+    assert ORDER.index(COLD) + 1 == ORDER.index(RESTART)  # the headline's two sides side by side
     rows = {row["case"]: row for row in data["rows"]}
     cold, first = rows["cold, no ocpc"], rows["first run (paid once)"]
     same, restart = rows["new session, same server"], rows["new session after restart"]
