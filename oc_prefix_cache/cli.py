@@ -178,7 +178,7 @@ def proxy(
         setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
         url = (server or settings.base_url).rstrip("/")
         runner = ProxyServer(Proxy(settings=settings, preparer=build_preparer(settings, server_url=url)),
-                             host=host, port=port)
+                             host=host, port=port, watch=True)
         err.print(f"ocpc proxy {__version__} on {runner.url} for llama-server {url}")
         try:
             runner.serve_forever()

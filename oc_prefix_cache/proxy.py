@@ -145,6 +145,7 @@ class Proxy:
         self._slots_client = SlotClient(self.server)
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
+        self._recent_guard = threading.Lock()
 
     # -- ASGI ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -189,7 +190,11 @@ class Proxy:
 
     def status(self) -> dict[str, Any]:
         return {"version": __version__, "server": self.server, "counters": self.counters.snapshot(),
-                "slots": self.table.snapshot(), "recent": list(self._recent), "prepare": self.preparer.status()}
+                "slots": self.table.snapshot(), "recent": self._recent_list(), "prepare": self.preparer.status()}
+
+    def _recent_list(self) -> list[dict[str, Any]]:
+        with self._recent_guard:
+            return list(self._recent)
 
     # -- chat requests -------------------------------------------------------------------
     async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
@@ -328,11 +333,12 @@ class Proxy:
     def _finish(self, plan: Plan, learned: Learned | None) -> None:
         """In a worker thread, after the answer: report what it reused, then free the slot."""
         result = plan.result
-        self._recent.append({
-            "at": time.time(), "path": plan.path, "adapter": plan.adapter, "slot": plan.slot, "rule": plan.rule,
-            "action": result.action if result else None, "prefix_tokens": result.prefix_tokens if result else None,
-            "reason": (result.reason if result else plan.why_not)[:200],
-            "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
+        with self._recent_guard:
+            self._recent.append({
+                "at": time.time(), "path": plan.path, "adapter": plan.adapter, "slot": plan.slot, "rule": plan.rule,
+                "action": result.action if result else None, "prefix_tokens": result.prefix_tokens if result else None,
+                "reason": (result.reason if result else plan.why_not)[:200],
+                "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
         try:
             result = plan.result
             if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
@@ -385,15 +391,23 @@ class Proxy:
     async def _stream(self, scope: Scope, send: Send, *, method: str, path: str, headers: dict[str, str],
                       body: bytes | AsyncIterator[bytes], plan: Plan | None) -> Learned | None:
         client = self._http()
-        request = httpx.Request(method, self.server + path, headers=headers, content=body)
-        request.extensions["timeout"] = httpx.Timeout(self.bounds.connect_s, read=None, write=60.0,
-                                                      pool=self.bounds.connect_s).as_dict()
-        try:
-            async with asyncio.timeout(self.bounds.headers_s):
-                response = await client.send(request, stream=True)
-        except (httpx.HTTPError, TimeoutError) as exc:
-            await self._upstream_failed(send, exc, waited="headers")
-            return None
+        timeout = httpx.Timeout(self.bounds.connect_s, read=None, write=60.0, pool=self.bounds.connect_s).as_dict()
+        for attempt in (1, 2):
+            request = httpx.Request(method, self.server + path, headers=headers, content=body)
+            request.extensions["timeout"] = timeout
+            try:
+                async with asyncio.timeout(self.bounds.headers_s):
+                    response = await client.send(request, stream=True)
+                break
+            except httpx.RemoteProtocolError as exc:  # a kept-alive connection the server had closed
+                if attempt == 1 and isinstance(body, bytes):
+                    log.info("llama-server closed an idle connection as it was reused (%s); sending again", exc)
+                    continue
+                await self._upstream_failed(send, exc)
+                return None
+            except (httpx.HTTPError, TimeoutError) as exc:
+                await self._upstream_failed(send, exc)
+                return None
         try:
             return await self._answer(send, response, plan)
         finally:
@@ -443,7 +457,7 @@ class Proxy:
         await send({"type": "http.response.body", "body": last, "more_body": False})
         return _learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
 
-    async def _upstream_failed(self, send: Send, exc: BaseException, *, waited: str) -> None:
+    async def _upstream_failed(self, send: Send, exc: BaseException) -> None:
         """The server is down, refused or did not answer in time: say so, as a gateway does."""
         timeout = isinstance(exc, (TimeoutError, httpx.TimeoutException))
         status = 504 if timeout else 502
@@ -640,14 +654,19 @@ def build_preparer(settings: Settings, *, server_url: str, tracker: SlotTracker 
 class ProxyServer:
     """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
 
-    def __init__(self, proxy: Proxy, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, proxy: Proxy, *, host: str = "127.0.0.1", port: int | None = None,
+                 watch: bool = False) -> None:
+        """``watch``: run the preparer's between-requests watch (restarts, usage written to the index)
+        every second, as the daemon does; for a proxy that runs without the daemon's."""
         import uvicorn
 
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(f"--host {host!r}: the proxy listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
         port = proxy.settings.proxy_port if port is None else port
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (else Nagle holds back
+        # the last small write of an answer for a delayed ACK, ~40 ms)
+        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.socket.bind((host, port))
@@ -664,13 +683,27 @@ class ProxyServer:
                                 timeout_graceful_shutdown=3, server_header=False, date_header=False)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ocpc-proxy-watch", daemon=True) if watch else None
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(1.0):
+            try:
+                self.proxy.preparer.watch()
+            except Exception:  # the watcher must outlive any surprise
+                log.exception("the preparer's watch failed; trying again")
 
     def serve_forever(self) -> None:
         log.info("ocpc proxy %s on %s for llama-server %s", __version__, self.url, self.proxy.server)
+        if self._watcher is not None and not self._watcher.is_alive():
+            self._watcher.start()
         try:
             self._server.run(sockets=[self.socket])
         finally:
+            self._stopping.set()
             self.proxy.close()
+            if self._watcher is not None:
+                self.proxy.preparer.flush_usage()
 
     def start(self) -> None:
         """Serve in a background thread (``ocpc launch``, tests); returns once it accepts."""
