@@ -21,7 +21,8 @@ mkdir -p "$slots"
 server_pid=$!
 OC_PREFIX_CACHE_BASE_URL="http://127.0.0.1:$port" ocpc daemon --server-bin "$(command -v "$server")" &
 daemon_pid=$!
-trap 'kill -TERM "$server_pid" "$daemon_pid" 2>/dev/null; wait' INT TERM
+# On stop: park the live conversations first (at most 10 s), then stop both.
+trap 'ocpc park --timeout 10 || true; kill -TERM "$server_pid" "$daemon_pid" 2>/dev/null; wait' INT TERM
 wait -n "$server_pid" "$daemon_pid"
 kill -TERM "$server_pid" "$daemon_pid" 2>/dev/null || true
 wait

@@ -481,3 +481,32 @@ def gc(
                       f"{'would be ' if dry_run else ''}freed; {plan.bytes_after / 1e6:,.1f} MB left")
         if plan.disabled:
             raise typer.Exit(1)
+
+
+@app.command()
+def park(
+    timeout: Annotated[float, typer.Option(help="Seconds to wait at most.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Park the conversations llama-server holds now, before you stop it (systemd ExecStop).
+
+    `ocpc launch` does this by itself on Ctrl-C or SIGTERM. Each conversation then resumes
+    after the restart with only its new tokens processed.
+    """
+    import httpx
+
+    with edge():
+        settings = Settings.from_env()
+        try:
+            response = httpx.post(f"{settings.daemon_url}/v1/park", json={"timeout_s": timeout},
+                                  timeout=httpx.Timeout(timeout + 5.0, connect=1.0))
+            response.raise_for_status()
+            data = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise OcpcError(f"no answer from the ocpc daemon at {settings.daemon_url} ({exc}); "
+                            "nothing was parked, the server's parks on disk are untouched") from exc
+        if as_json:
+            print_json(data)
+            return
+        for item in data.get("slots", []):
+            print(f"slot {item.get('slot')}: {'parked' if item.get('parked') else 'not parked'}: {item.get('why')}")

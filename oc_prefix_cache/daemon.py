@@ -5,7 +5,8 @@ Endpoints (JSON):
   headers (User-Agent, x-session-id); the caller's own deadline in ``x-ocpc-budget-ms``
   (how long it will wait; default 240 s, the first plugin's bound). Answers a
   ``PrepareResult`` (with a ``prepare_id``).
-- ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n[, prepare_id]}`` from the real request.
+- ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n[, predicted_n, prepare_id]}`` from the real request.
+- ``POST /v1/park``: ``{timeout_s}``: park the live conversations now (before a stop).
 - ``GET /v1/status`` and ``GET /health``.
 
 The standard library's threading HTTP server is enough: requests are few (one per
@@ -223,6 +224,10 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._read_body(MAX_REPORT_BYTES)
             if raw is not None:
                 self._report(raw)
+        elif self.path == "/v1/park":
+            raw = self._read_body(MAX_REPORT_BYTES)
+            if raw is not None:
+                self._park(raw)
         elif self._read_body(MAX_BODY_BYTES) is not None:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
 
@@ -277,6 +282,19 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(HTTPStatus.OK, self.server.daemon.preparer.report(
             fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n, prepare_id=prepare_id, predicted_n=predicted_n))
+
+    def _park(self, raw: bytes) -> None:
+        """Park the live conversations before the server stops (`ocpc park`, systemd ExecStop)."""
+        try:
+            data = json.loads(raw or b"{}")
+            seconds = float(data.get("timeout_s", 10.0)) if isinstance(data, dict) else 10.0
+            if not 0 < seconds <= 300:
+                raise ValueError("timeout_s must be in (0, 300]")
+        except (ValueError, TypeError) as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad park request: {exc}"})
+            return
+        results = self.server.daemon.preparer.park_live(deadline=Deadline.after(seconds))
+        self._send(HTTPStatus.OK, {"slots": results})
 
     def _read_body(self, limit: int) -> bytes | None:
         raw_length = self.headers.get("Content-Length")

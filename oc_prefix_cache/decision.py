@@ -1,9 +1,9 @@
 """The decision: (what the slot holds, what is on disk, the request's facts) -> one action.
 
 Pure: no I/O, no clock, no server. The prepare path gathers the facts (observing the
-slot, rendering the request, looking at the slot folder), calls ``decide``, and the
-executor carries the action out behind the gates. Every rule is here, in one table,
-tested exhaustively without a server (tests/test_decision.py).
+slot, rendering the request, reading the index), calls ``decide``, and the executor
+carries the action out behind the gates. Every rule is here, in one table, tested
+exhaustively without a server (tests/test_decision.py).
 
 The rules, in order:
 1. A request with no head worth caching (a title request, no tools, its own LoRA) is
@@ -11,17 +11,21 @@ The rules, in order:
 2. The same conversation going on, in a slot that still holds it (nothing else ran since
    ocpc last saw it, no restart): ``hit``, nothing to do.
 3. A new session (no earlier assistant turn):
-   - the slot holds exactly this head, or (on a plain transformer, which reuses any common
-     prefix) this head followed by something else: ``hit``;
-   - else restore the head's file (behind the gates unless proven on this server process),
-     or warm it once when there is none.
+   - the slot holds exactly this project's head, or this head: ``hit`` (in the second case
+     the project head is cut and saved on top, once a day);
+   - a plain transformer (which reuses any common prefix) holding this head plus a turn:
+     ``hit``;
+   - else restore the project head's file, else the head's (behind the gates unless
+     proven on this server process), or warm the head once when there is none.
 4. A conversation going on that the slot does not hold:
-   - after a restart, or in a slot that holds nothing known to be live, restore its
-     head: there is nothing to lose, and only its tail is processed again;
-   - else leave the slot alone (``skip``): it holds another conversation, or state ocpc
-     cannot vouch for, that a restore would wipe; the server's own cache decides.
-Before anything replaces a slot's contents, ``park_first`` says whether the conversation
-in it must be parked first (see ``Occupant``).
+   - after a restart, in an empty slot, or in a slot that holds only a head or another
+     conversation ocpc knows: restore its park (only its new tokens are processed), else
+     its head;
+   - in a slot whose contents ocpc cannot vouch for: leave it alone (``skip``); a restore
+     would wipe live state ocpc cannot park, and the server's own cache decides.
+5. Before anything replaces (or, on a transformer, truncates) another conversation that
+   ocpc knows is in the slot, and whose unsaved tail is worth it, that conversation is
+   parked first (``park_first``). If the park fails, nothing is displaced.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from enum import Enum
 
 
 class FileState(Enum):
-    MISSING = "missing"  # no file for this key in the slot folder
+    MISSING = "missing"  # no usable file for this key in the slot folder
     PRESENT = "present"  # a file, not yet proven on this server process: restore behind the gates
     PROVEN = "proven"  # passed the gates on this server process (same size and mtime)
 
@@ -44,9 +48,11 @@ class SlotFacts:
     known: bool  # ocpc can vouch for what the slot holds (its last record still matches /slots)
     empty: bool  # the slot holds no tokens (a fresh server, an erased slot)
     holds_head: str | None  # head fingerprint under what the slot holds, when known
-    exact: bool  # ... and the slot holds exactly that head (no request ran since ocpc's step)
+    exact: bool  # ... and the slot holds exactly a prefix ocpc made (no request ran since)
     holds_conversation: str  # the conversation in the slot, when known ("" none or unknown)
     partial_cache: bool  # hybrid/recurrent/SWA model: rolls back only to checkpoints
+    exact_key: str | None = None  # the key of the prefix held exactly (head fingerprint or project key)
+    occupant_parkable: bool = False  # a known other conversation whose unsaved tail is worth parking
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class RequestFacts:
     continuing: bool  # it carries earlier assistant turns (not a new session's first request)
     head: str | None  # its head fingerprint (None when skipped)
     head_file: FileState
+    park: FileState = FileState.MISSING  # this conversation's parked file
+    project: str | None = None  # its project head's key, when one can be cut (new sessions)
+    project_file: FileState = FileState.MISSING
 
 
 @dataclass(frozen=True)
@@ -65,41 +74,54 @@ class Action:
     reason: str
     prove: bool = False  # restore: the probe gate must pass (the file is not proven here yet)
     park_first: bool = False  # park the conversation the slot holds before replacing it
+    target: str = "head"  # what the request reuses: "head" | "proj" | "park" | "slot" (its own live state)
+    save_project: bool = False  # after loading the head, cut the project head and save it
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
     if slot.restarted:  # whatever was known belonged to the old server process
-        slot = replace(slot, known=False, holds_head=None, exact=False, holds_conversation="")
+        slot = replace(slot, known=False, holds_head=None, exact=False, holds_conversation="",
+                       exact_key=None, occupant_parkable=False)
     if request.skip is not None or request.head is None:
         return Action("skip", request.skip or "no head")
-    if request.continues_slot and slot.known and not slot.restarted:
-        return Action("hit", "same conversation: the slot still holds it")
+    if request.continues_slot and slot.known:
+        return Action("hit", "same conversation: the slot still holds it", target="slot")
+    park_first = slot.known and slot.occupant_parkable
     if not request.continuing:
-        if slot.known and slot.holds_head == request.head:
-            if slot.exact:
-                return Action("hit", "the slot holds exactly this head")
-            if not slot.partial_cache:
-                return Action("hit", "the slot holds this head plus a turn; the transformer reuses the common prefix")
-        return _load_head(request, why="a new session")
-    if slot.restarted or slot.empty:
-        return _load_head(request, why="a conversation going on after a restart" if slot.restarted
-                          else "a conversation going on in an empty slot")
-    if slot.known and not slot.holds_conversation:
-        return _load_head(request, why="a conversation going on in a slot that holds only a head")
-    return Action("skip", "a conversation going on in a slot that holds other live state: "
+        return _new_session(slot, request, park_first=park_first)
+    if slot.empty or (slot.known and slot.holds_conversation != request.conversation):
+        where = ("in an empty slot" if slot.empty and not slot.known
+                 else "in a slot that holds only a head" if not slot.holds_conversation
+                 else "in a slot that holds another conversation")
+        why = f"a conversation going on {where}" if not slot.restarted else "a conversation going on after a restart"
+        if request.park is not FileState.MISSING:
+            return Action("restore", f"{why}: restore its park", prove=request.park is FileState.PRESENT,
+                          park_first=park_first, target="park")
+        return _load_head(request, why=f"{why}, not parked", park_first=park_first, save_project=False)
+    return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
                   "left to the server's own cache")
 
 
-def _load_head(request: RequestFacts, *, why: str) -> Action:
+def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) -> Action:
+    wants_project = request.project is not None and request.project_file is FileState.MISSING
+    if slot.known and slot.exact and request.project is not None and slot.exact_key == request.project:
+        return Action("hit", "the slot holds exactly this project's head", target="proj")
+    if slot.known and slot.holds_head == request.head:
+        if slot.exact and slot.exact_key in (None, request.head):
+            return Action("hit", "the slot holds exactly this head", save_project=wants_project)
+        if not slot.partial_cache:
+            return Action("hit", "the slot holds this head plus a turn; the transformer reuses the common prefix",
+                          park_first=park_first)
+    if request.project is not None and request.project_file is not FileState.MISSING:
+        proven = request.project_file is FileState.PROVEN
+        return Action("restore", "a new session: restore its project head" + (" (proven here)" if proven else ""),
+                      prove=not proven, park_first=park_first, target="proj")
+    return _load_head(request, why="a new session", park_first=park_first, save_project=wants_project)
+
+
+def _load_head(request: RequestFacts, *, why: str, park_first: bool, save_project: bool) -> Action:
     if request.head_file is FileState.MISSING:
-        return Action("warm", f"{why}: first run of this head")
+        return Action("warm", f"{why}: first run of this head", park_first=park_first, save_project=save_project)
     proven = request.head_file is FileState.PROVEN
     return Action("restore", f"{why}: restore the head" + (" (file proven on this server)" if proven else ""),
-                  prove=not proven)
-
-
-def slot_facts(*, restarted: bool, known: bool, empty: bool, holds_head: str | None, exact: bool,
-               holds_conversation: str, partial_cache: bool) -> SlotFacts:
-    """Keyword-only constructor, for call sites that read like the table."""
-    return SlotFacts(restarted=restarted, known=known, empty=empty, holds_head=holds_head, exact=exact,
-                     holds_conversation=holds_conversation, partial_cache=partial_cache)
+                  prove=not proven, park_first=park_first, save_project=save_project)

@@ -19,14 +19,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .deadline import SLOT_CHANGE_MARGIN_S, Deadline
 from .errors import OcpcError, ServerError, SlotFileError, SlotRestoreFailed, StoreError
 from .fingerprint import ServerIdentity
-from .gates import header_gate, probe_gate, untouched
-from .planner import HeadPlan
+from .gates import header_gate, prefix_gate, probe_gate, untouched
+from .planner import PROBE_TOKENS, HeadPlan
 from .slot_client import SlotClient
 from .slotfile import file_digest, part_name, read_header, slot_filename
 from .store import Entry, Index, Store, slot_key
@@ -46,9 +46,19 @@ class Contended(OcpcError):
 
 @dataclass(frozen=True)
 class Done:
-    action: str  # "restored" | "warmed"
+    action: str  # "hit" | "restored" | "warmed"
     reason: str
-    exact: bool  # the slot holds exactly the head's tokens (else the head plus the probe)
+    exact: bool  # the slot holds exactly a prefix ocpc made (else that prefix plus the probe)
+    tokens: tuple[int, ...] = ()  # what the slot now holds, when ocpc put it there
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A file's worth of tokens: a head, a project head or a parked conversation."""
+
+    kind: str  # "head" | "proj" | "conv"
+    key: str
+    tokens: tuple[int, ...]  # expected tokens (heads, project heads); () for a park (its header says)
 
 
 class Executor:
@@ -73,19 +83,34 @@ class Executor:
     # -- restore ---------------------------------------------------------------------------
     def restore_head(self, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
                      deadline: Deadline) -> Done:
-        path = self.slot_dir / slot_filename(plan.fingerprint)
+        return self.restore(Prefix("head", plan.fingerprint, plan.tokens), plan, slot, prove=prove, before=before,
+                            epoch=epoch, deadline=deadline)
+
+    def restore(self, prefix: Prefix, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
+                deadline: Deadline) -> Done:
+        """Restore ``prefix``'s file behind the gates.
+
+        Heads and project heads must hold exactly the planned tokens; a park holds whatever
+        its conversation had reached, which must be a strict prefix of this request's tokens.
+        """
+        path = self.slot_dir / slot_filename(prefix.key, prefix.kind)
         try:
             header = read_header(path)
             stat = path.stat()
         except (SlotFileError, OSError) as exc:
             raise GateFailed(f"unreadable file: {exc}") from exc
-        gate = header_gate(header.tokens, plan.tokens)
+        if prefix.kind == "conv":
+            gate = prefix_gate(header.tokens, plan.request_tokens)
+            tokens = tuple(header.tokens)
+        else:
+            gate = header_gate(header.tokens, prefix.tokens)
+            tokens = prefix.tokens
         if not gate.ok:
             raise GateFailed(gate.reason)
         key = (path.name, stat.st_size, stat.st_mtime_ns)
         if prove or not self.tracker.proven(self.server, key):
             prove = True
-            self._check_digest(plan.fingerprint, path, deadline=deadline)
+            self._check_digest(prefix.key, path, deadline=deadline)
         counter_before = self._prompt_counter(deadline) if prove else None
         started = time.perf_counter()
         try:
@@ -93,20 +118,23 @@ class Executor:
         except SlotRestoreFailed as exc:
             raise GateFailed(str(exc)) from exc
         if not prove:
-            return Done("restored", f"restored in {_ms(started)} ms (file already proven on this server)", True)
-        timings = self.client.evaluate(list(plan.tokens + plan.probe), slot=slot, deadline=deadline)
-        gate = probe_gate(cache_n=timings.cache_n, head_tokens=len(plan.tokens))
+            return Done("restored", f"restored {_what(prefix.kind)} in {_ms(started)} ms (proven on this server)",
+                        True, tokens)
+        probe = plan.request_tokens[len(tokens): len(tokens) + PROBE_TOKENS]
+        timings = self.client.evaluate(list(tokens + probe), slot=slot, deadline=deadline)
+        gate = probe_gate(cache_n=timings.cache_n, head_tokens=len(tokens))
         if not gate.ok:
             after = self.observe(slot, deadline=deadline)
             alone = untouched(prompt_tokens_before=counter_before,
                               prompt_tokens_after=self._prompt_counter(deadline),
-                              probe_processed=timings.prompt_n, probe_tokens=len(plan.tokens) + len(plan.probe),
+                              probe_processed=timings.prompt_n, probe_tokens=len(tokens) + len(probe),
                               after_tokens=after.n_tokens, was_busy=before.busy)
             if alone.ok:
                 raise GateFailed(f"{gate.reason}; {alone.reason}")
             raise Contended(f"{gate.reason}, but {alone.reason}: not blamed on the file")
         self.tracker.prove(self.server, key, epoch=epoch)
-        return Done("restored", f"restored and gated in {_ms(started)} ms: {gate.reason}", False)
+        return Done("restored", f"restored {_what(prefix.kind)} and gated in {_ms(started)} ms: {gate.reason}",
+                    False, tokens + probe)
 
     def _check_digest(self, fp: str, path: Path, *, deadline: Deadline) -> None:
         try:
@@ -142,7 +170,7 @@ class Executor:
         note = self._record_head(plan, final, slot, server, digest, deadline=deadline)
         self._on_saved()
         return Done("warmed", f"{why}: prefilled {timings.prompt_n} tokens and saved {size / 1e6:.1f} MB "
-                    f"in {_ms(started)} ms{note}", True)
+                    f"in {_ms(started)} ms{note}", True, plan.tokens)
 
     def save(self, slot: int, final: Path, tokens: tuple[int, ...], *, deadline: Deadline) -> tuple[str, int]:
         """Save the slot to ``final`` through a temp name of its own; check it holds ``tokens``.
@@ -166,28 +194,70 @@ class Executor:
 
     def _record_head(self, plan: HeadPlan, path: Path, slot: int, server: ServerIdentity, digest: str, *,
                      deadline: Deadline) -> str:
+        note = self.record(Entry(file=path.name, bytes=path.stat().st_size, prefix_tokens=len(plan.tokens),
+                                 created=0, last_used=0, model=server.model_path, server_build=server.build,
+                                 harness=plan.harness, xxh64=digest, kind="head", head=plan.fingerprint),
+                           key=plan.fingerprint, deadline=deadline)
+        if not note:
+            self._note_current(slot, plan.fingerprint, deadline=deadline)
+        return note
+
+    def record(self, entry: Entry, *, key: str, deadline: Deadline) -> str:
+        """Write ``entry`` to the index (keeping ``created`` of an older one); a note on failure.
+
+        A record is not worth the caller's budget: gc and status cope with a missing one.
+        """
         now = int(time.time())
 
         def change(index: Index) -> None:
-            old = index.entries.get(plan.fingerprint)
-            index.entries[plan.fingerprint] = Entry(
-                file=path.name, bytes=path.stat().st_size, prefix_tokens=len(plan.tokens),
-                created=old.created if old else now, last_used=now, model=server.model_path,
-                server_build=server.build, harness=plan.harness, xxh64=digest, kind="head", head=plan.fingerprint)
-            index.current[slot_key(self.server, slot)] = plan.fingerprint
+            old = index.entries.get(key)
+            index.entries[key] = replace(entry, created=old.created if old else now, last_used=now)
 
-        try:  # a record is not worth the caller's budget: gc and status cope with a missing one
+        try:
             self.store.update(change, timeout=min(INDEX_WAIT_S, max(0.1, deadline.remaining() - SLOT_CHANGE_MARGIN_S)))
         except (StoreError, OcpcError) as exc:
             log.error("%s", exc)
             return f" (not recorded in the index: {exc})"
         return ""
 
+    def _note_current(self, slot: int, key: str, *, deadline: Deadline) -> None:
+        try:
+            self.store.update(lambda index: index.current.__setitem__(slot_key(self.server, slot), key),
+                              timeout=min(INDEX_WAIT_S, max(0.1, deadline.remaining() - SLOT_CHANGE_MARGIN_S)))
+        except (StoreError, OcpcError) as exc:
+            log.warning("could not mark %s current: %s", key, exc)
+
+    # -- longer prefixes: park a conversation, save a project head ---------------------------
+    def save_prefix(self, slot: int, prefix: Prefix, entry: Entry, *, epoch: int, deadline: Deadline) -> Done:
+        """Make the slot hold exactly ``prefix.tokens`` and save them under its kind and key.
+
+        The tokens are a prefix of what the slot holds (a conversation's last prompt before its
+        generation prompt, or a project head on top of the head), so the server gets there from
+        its in-memory checkpoint near the end: a few tokens processed, not a prefill. The save
+        goes through a temp name and is checked to hold exactly those tokens, so a request of
+        another client that took the slot in between is never saved under this key.
+        """
+        started = time.perf_counter()
+        timings = self.client.evaluate(list(prefix.tokens), slot=slot, prefill=True, deadline=deadline)
+        final = self.slot_dir / slot_filename(prefix.key, prefix.kind)
+        digest, size = self.save(slot, final, prefix.tokens, deadline=deadline)
+        stat = final.stat()
+        self.tracker.prove(self.server, (final.name, stat.st_size, stat.st_mtime_ns), epoch=epoch)
+        note = self.record(replace(entry, file=final.name, bytes=size, prefix_tokens=len(prefix.tokens), xxh64=digest,
+                                   kind=prefix.kind), key=prefix.key, deadline=deadline)
+        self._on_saved()
+        return Done("saved", f"{_what(prefix.kind)} ({len(prefix.tokens)} tokens: {timings.prompt_n} processed) "
+                    f"saved, {size / 1e6:.1f} MB in {_ms(started)} ms{note}", True, prefix.tokens)
+
     def erase_quietly(self, slot: int, *, deadline: Deadline) -> None:
         try:
             self.client.erase(slot, deadline=deadline)
         except (ServerError, OcpcError) as exc:
             log.warning("could not erase slot %d: %s", slot, exc)
+
+
+def _what(kind: str) -> str:
+    return {"head": "the head", "proj": "the project head", "conv": "the parked conversation"}[kind]
 
 
 def _ms(started: float) -> int:

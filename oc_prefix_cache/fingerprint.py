@@ -65,14 +65,28 @@ class FingerprintInputs:
     rendered_head: str  # the template's rendering of the head: covers template and tool layout
 
 
+def _server_part(server: ServerIdentity) -> dict[str, Any]:
+    part = asdict(server)
+    part.pop("total_slots")  # a file fits any slot of the same n_ctx
+    part.pop("hybrid")  # derived from the model file, already covered
+    return part
+
+
+def server_key(server: ServerIdentity, *, ocpc_version: str) -> str:
+    """The identity a parked conversation or a project head is filed under: everything of
+    the server (model files, build, template, n_ctx, KV flags, adapters) that decides what
+    a slot file means. A same-shape file from other weights restores silently, so parks are
+    only ever looked up under this key."""
+    blob = json.dumps({"format": FORMAT, "server": _server_part(server), "ocpc": ocpc_version},
+                      sort_keys=True, ensure_ascii=False).encode()
+    return xxhash.xxh64_hexdigest(blob)
+
+
 def fingerprint(inputs: FingerprintInputs) -> str:
     """16 hex digits; stable across processes and machines for the same inputs."""
-    server = asdict(inputs.server)
-    server.pop("total_slots")  # a file fits any slot of the same n_ctx
-    server.pop("hybrid")  # derived from the model file, already covered
     payload: dict[str, Any] = {
         "format": FORMAT,
-        "server": server,
+        "server": _server_part(inputs.server),
         "harness": inputs.harness,
         "ocpc": inputs.ocpc_version,
         "model_name": inputs.head.model,

@@ -36,6 +36,18 @@ def header_gate(file_tokens: Sequence[int], head_tokens: Sequence[int]) -> Gate:
     return Gate(True, f"file holds exactly the head's {len(head_tokens)} tokens")
 
 
+def prefix_gate(file_tokens: Sequence[int], request_tokens: Sequence[int]) -> Gate:
+    """A parked conversation's tokens must be a strict prefix of the request's: the request
+    goes on from there, and a hybrid model reuses nothing that it does not strictly extend."""
+    n = len(file_tokens)
+    if n == 0 or n >= len(request_tokens):
+        return Gate(False, f"the park holds {n} tokens, the request {len(request_tokens)}: not a strict prefix")
+    if tuple(file_tokens) != tuple(request_tokens[:n]):
+        first = next(i for i, (a, b) in enumerate(zip(file_tokens, request_tokens)) if a != b)
+        return Gate(False, f"the park's tokens differ from the request's at token {first}")
+    return Gate(True, f"the park's {n} tokens are a strict prefix of the request's {len(request_tokens)}")
+
+
 def probe_gate(*, cache_n: int, head_tokens: int) -> Gate:
     need = PROBE_MIN_REUSE * head_tokens
     if cache_n >= need:

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .daemon import Daemon
+from .deadline import Deadline
 from .errors import ConfigError, OcpcError, ProcessError
 from .files import write_atomic
 from .logs import setup_logging
 from .gates import CHECKPOINT_FILES_BUILD, build_number
+from .prepare import Preparer
 from .process import Supervised
 from .server_info import runtime_path
 from .settings import Settings
@@ -141,9 +143,13 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
         say: Callable[[str], None], on_wait: Callable[[float], None], on_ready: Callable[[], None],
         load_timeout: float = 900.0) -> int:
     """Start both, wait for a signal or the server's exit, stop both. Returns an exit code."""
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
+
+    def on_signal(*_: object) -> None:
+        (hurry if stop.is_set() else stop).set()  # a second signal skips parking
+
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # HUP: the terminal closed
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
 
     def waiting(seconds: float) -> None:
         if stop.is_set():  # Ctrl-C while the model loads: do not wait minutes for it
@@ -175,6 +181,8 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
                     say(f"llama-server exited; see {server.log_path}")
                     return 1
             say("stopping")
+            if server.alive():
+                park_before_stop(daemon.preparer, skip=hurry, say=say)
             return 0
     finally:
         if proxy is not None:
@@ -185,6 +193,27 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
         runtime_path(settings, port).unlink(missing_ok=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PARK_ON_STOP_S = 10.0  # a graceful stop waits at most this long for parks
+
+
+def park_before_stop(preparer: Preparer, *, skip: threading.Event, say: Callable[[str], None],
+                     seconds: float = PARK_ON_STOP_S) -> None:
+    """Park the conversations the server holds before it stops, so each resumes after the
+    restart with only its new tokens. Bounded; a second Ctrl-C (or signal) skips it."""
+    say(f"parking live conversations (at most {seconds:g} s; Ctrl-C again to skip)")
+    results: list[dict[str, object]] = []
+    worker = threading.Thread(target=lambda: results.extend(preparer.park_live(deadline=Deadline.after(seconds))),
+                              name="ocpc-park-on-stop", daemon=True)
+    worker.start()
+    while worker.is_alive() and not skip.wait(0.1):
+        pass
+    if worker.is_alive():
+        say("parking skipped")
+        return
+    parked = [r for r in results if r.get("parked")]
+    say(f"parked {len(parked)} conversation(s)" + "".join(f"; slot {r['slot']}: {r['why']}" for r in results))
 
 
 def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None]) -> ProxyServer | None:

@@ -26,6 +26,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import xxhash
+
 from . import __version__
 from .deadline import Deadline
 from .errors import OcpcError
@@ -50,6 +52,8 @@ class HeadPlan:
     harness: str
     model: str
     split: bool  # the tail was tokenized on its own (the head's split was checked once before)
+    project: tuple[int, ...] = ()  # head + the rest of the system prompt (a project head), when cut
+    project_text: str = ""  # the rendered text the project head adds to the head
 
     @property
     def probe(self) -> tuple[int, ...]:
@@ -64,6 +68,7 @@ class _KnownHead:
     tokens: tuple[int, ...]
     chars: int  # characters of the rendered prompt the tokens cover
     splittable: bool  # tail tokenized alone == tail of the whole tokenization
+    text_digest: str = ""  # of the rendered prompt's first ``chars`` characters
 
 
 class HeadPlanner:
@@ -76,7 +81,8 @@ class HeadPlanner:
         self._max = max_heads
 
     def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
-             harness: str, deadline: Deadline | None = None) -> HeadPlan:
+             harness: str, deadline: Deadline | None = None, system_text: str | None = None) -> HeadPlan:
+        """``system_text``: the first system message's text, to cut a project head too."""
         prompt = client.apply_template(body, deadline=deadline)
         offset = locate_head(prompt, head)
         if offset is None:
@@ -92,9 +98,30 @@ class HeadPlanner:
             known, tokens = self._learn(client, prompt, offset, deadline=deadline)
             self._remember(fp, known)
         tools_at = prompt.find(f'"name": "{first_tool_name(body)}"')
+        project: tuple[int, ...] = ()
+        project_text = ""
+        if system_text:
+            project, project_text = self._project(client, prompt, tokens, known, system_text, deadline=deadline)
         return HeadPlan(fingerprint=fp, tokens=known.tokens, request_tokens=tokens, prompt=prompt,
                         head_chars=known.chars, tools_in_head=0 <= tools_at < offset, harness=harness,
-                        model=head.model, split=split)
+                        model=head.model, split=split, project=project, project_text=project_text)
+
+    @staticmethod
+    def _project(client: SlotClient, prompt: str, tokens: tuple[int, ...], known: _KnownHead, system_text: str,
+                 *, deadline: Deadline | None) -> tuple[tuple[int, ...], str]:
+        """The project head: the head, then the rest of the system text as rendered (its end is
+        followed by the template's end-of-message token, a clean token boundary). Checked to be
+        a strict prefix of this request's tokens; () when it cannot be cut."""
+        tail = system_text.rstrip()[-200:]
+        at = prompt.find(tail, known.chars) if tail else -1
+        if at < 0:
+            return (), ""
+        text = prompt[known.chars: at + len(tail)]
+        extra = tuple(client.tokenize(text, add_special=False, deadline=deadline))
+        project = known.tokens + extra
+        if not extra or len(project) >= len(tokens) or tokens[: len(project)] != project:
+            return (), ""
+        return project, text
 
     def distrust(self, fingerprint: str) -> None:
         """A real request missed a head planned from split tokenization: tokenize whole from now on."""
@@ -117,7 +144,20 @@ class HeadPlanner:
         tokens = tuple(t for t, _ in pieces)
         chars = len(prompt.encode()[:used].decode(errors="ignore"))
         tail = client.tokenize(prompt[chars:], add_special=False, deadline=deadline)
-        return _KnownHead(tokens[:n], chars, splittable=tuple(tail) == tokens[n:]), tokens
+        return _KnownHead(tokens[:n], chars, splittable=tuple(tail) == tokens[n:],
+                          text_digest=xxhash.xxh64_hexdigest(prompt[:chars].encode())), tokens
+
+    def tokens_of(self, client: SlotClient, body: dict[str, object], *, head: str,
+                  deadline: Deadline | None = None) -> tuple[int, ...]:
+        """``body`` rendered (as given: e.g. without its generation prompt) and tokenized,
+        reusing the tokens of its head ``head`` when known and splittable: a long conversation
+        then costs the tokenization of its tail only."""
+        prompt = client.apply_template(body, deadline=deadline)
+        known = self._known(head)
+        if known is not None and known.splittable and known.text_digest == xxhash.xxh64_hexdigest(
+                prompt[: known.chars].encode()):
+            return known.tokens + tuple(client.tokenize(prompt[known.chars:], add_special=False, deadline=deadline))
+        return tuple(client.tokenize(prompt, add_special=True, deadline=deadline))
 
     def _known(self, fp: str) -> _KnownHead | None:
         with self._guard:

@@ -18,30 +18,34 @@ conversation or, on a miss, makes ocpc prove the file again (never rebuild it).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from . import __version__
 from .conversation import Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
-from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
-from .executor import Contended, Done, Executor, GateFailed
+from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, StoreError
+from .executor import Contended, Done, Executor, GateFailed, Prefix
+from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
-from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of
-from .planner import HeadPlan, HeadPlanner
+from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of, message_text
+from .parks import Park, end_of_day, find_park, park_key, project_entry, project_key
+from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner
 from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import slot_filename
-from .store import Store, UsageLog, slot_key
+from .store import Entry, Index, Store, UsageLog, slot_key
 from .tracker import Holding, Observation, Seen, SlotTracker
 
 log = logging.getLogger("ocpc.prepare")
@@ -50,6 +54,10 @@ ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
+#: The template's generation prompt (``<|im_start|>assistant\n<think>\n``: 5 tokens on Qwen) is
+#: what a request has beyond its messages; a slot whose last request exceeds the rendered
+#: messages by more than this does not hold what ocpc would park.
+GENERATION_PROMPT_MAX = 64
 
 
 @dataclass
@@ -61,6 +69,7 @@ class PrepareResult:
     reason: str = ""
     tools_in_head: bool | None = None
     prepare_id: str = ""
+    source: str = ""  # what the request reuses: "slot" (live), "head", "proj", "park" (from a file)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,6 +89,19 @@ class _Record:
     conversation: str
     file: str  # the file restored or saved ("" for hits)
     planned_split: bool
+    stored: int  # tokens of the longest prefix of the slot's contents already in a file
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What a prepare put in (or found in) the slot."""
+
+    done: Done
+    prefix: Prefix  # the prefix the request should reuse: head, project head, park, or the slot's own
+    expected: int  # its tokens
+    file: str  # the file restored or saved ("" for a hit)
+    source: str  # "slot" (a hit) | "head" | "proj" | "park"
+    own: bool = False  # a hit on the conversation's own live state (nothing changed)
 
 
 @dataclass
@@ -196,6 +218,40 @@ class Preparer:
         if self.usage.due():
             self.flush_usage()
 
+    def park_live(self, *, deadline: Deadline) -> list[dict[str, Any]]:
+        """Park every conversation this server's slots hold (a graceful stop comes next).
+
+        Only what ocpc can vouch for (the slot still holds the conversation's last request)
+        and is worth it; each slot under its lock, all within ``deadline``. A crash skips
+        this and loses at most the tails not parked yet; parks on disk are never touched.
+        """
+        out: list[dict[str, Any]] = []
+        for slot in self.tracker.slots(self.server):
+            item: dict[str, Any] = {"slot": slot}
+            try:
+                with self.tracker.slot_lock(self.server, slot, deadline=deadline):
+                    seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
+                    holding = seen.holding
+                    if seen.restarted or holding is None or holding.kind != "conv" or seen.trail is None:
+                        item["parked"] = False
+                        item["why"] = "no conversation ocpc can vouch for"
+                    elif holding.n_tokens - holding.stored < self.settings.park_min_tokens:
+                        item["parked"] = False
+                        item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
+                    else:
+                        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
+                                                 deadline=deadline)
+                        identity = server_key(server, ocpc_version=__version__)
+                        after = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
+                        item["parked"] = True
+                        item["why"] = f"parked {after.holding.n_tokens if after.holding else 0} tokens"
+            except OcpcError as exc:
+                item["parked"] = False
+                item["why"] = str(exc)
+            log.info("park before stop, slot %d: %s", slot, item["why"])
+            out.append(item)
+        return out
+
     def flush_usage(self) -> None:
         try:
             self.usage.flush()
@@ -238,30 +294,48 @@ class Preparer:
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
                 "the cache on its size and mtime, so run the daemon on the server's machine"
             )
+        identity = server_key(server, ocpc_version=__version__)
         harness = harness_of(headers.get("user-agent", ""))
-        plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline)
+        continuing = any(m.get("role") == "assistant" for m in body.messages)
+        system = message_text(body.messages[0]) if body.messages and not continuing else None
+        plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
+                                 system_text=system)
+        index = self._index()
+        park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
+            if continuing and index is not None else None
+        project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
+            if plan.project else None
         trail = Trail.of(parsed, session=session)
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
             seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
-            continues = seen.trail is not None and _continues(seen.trail, trail)
-            facts = _slot_facts(seen, partial_cache=server.hybrid)
             request = RequestFacts(
-                skip=None, conversation=conversation, continues_slot=continues,
-                continuing=any(m.get("role") == "assistant" for m in body.messages),
-                head=plan.fingerprint, head_file=self._file_state(slot_filename(plan.fingerprint)))
-            action = decide(facts, request)
-            done = self._carry_out(action, plan, slot, seen, server=server, deadline=deadline)
-            if done is None:
+                skip=None, conversation=conversation,
+                continues_slot=seen.trail is not None and _continues(seen.trail, trail), continuing=continuing,
+                head=plan.fingerprint, head_file=self._file_state("head", plan.fingerprint),
+                park=self._file_state("conv", park.key) if park else FileState.MISSING,
+                project=project, project_file=self._project_state(index, project))
+            action = decide(_slot_facts(seen, conversation, partial_cache=server.hybrid,
+                                        park_min=self.settings.park_min_tokens), request)
+            if action.kind == "skip":
                 self.tracker.leave(self.server, slot, seen.holding, trail=seen.trail, epoch=seen.epoch)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)
-            holding = self._holding_after(done, plan, slot, seen, conversation=conversation, deadline=deadline)
+            parked = ""
+            if action.park_first:
+                seen = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
+                parked = f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} tokens)"
+            loaded = self._carry_out(action, plan, slot, seen, park=park, project=project, server=server,
+                                     deadline=deadline)
+            if action.save_project and project is not None:
+                loaded = self._save_project(plan, loaded, slot, seen, key=project, server=server, identity=identity,
+                                            deadline=deadline)
+            holding = self._holding_after(loaded, plan, slot, seen, conversation=conversation, deadline=deadline)
             self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
-        file = "" if done.action == "hit" else slot_filename(plan.fingerprint)
-        expected = holding.n_tokens if done.action == "hit" and continues else len(plan.tokens)
-        self.usage.note(plan.fingerprint, slot=slot_key(self.server, slot))
-        return self._answer(done.action, plan.fingerprint, expected, done.reason, slot=slot, epoch=seen.epoch,
-                            conversation=conversation, file=file, split=plan.split, tools_in_head=plan.tools_in_head)
+        self.usage.note(loaded.prefix.key, slot=slot_key(self.server, slot) if loaded.prefix.kind == "head" else None)
+        reason = f"{parked}; {loaded.done.reason}" if parked else loaded.done.reason
+        return self._answer(loaded.done.action, plan.fingerprint, loaded.expected, reason, slot=slot,
+                            epoch=seen.epoch, conversation=conversation, file=loaded.file, split=plan.split,
+                            tools_in_head=plan.tools_in_head, stored=holding.stored, source=loaded.source)
 
     def _same_conversation(self, text: str, session: str, slot: int,
                            deadline: Deadline) -> PrepareResult | None:
@@ -284,45 +358,156 @@ class Preparer:
         trail = Trail(text=text, msg_end=len(text) - (len(seen_trail.text) - seen_trail.msg_end),
                       digests=digests, session=session)
         self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
-        self.usage.note(holding.head, slot=slot_key(self.server, slot))
+        self.usage.note(holding.head)  # the head under the conversation must not age out
         return self._answer("hit", holding.head, holding.n_tokens, "same conversation: the slot still holds it",
                             slot=slot, epoch=seen.epoch, conversation=conversation, file="", split=False,
-                            tools_in_head=None)
+                            tools_in_head=None, stored=holding.stored, source="slot")
 
-    def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, server: Any,
-                   deadline: Deadline) -> Done | None:
-        if action.kind == "skip":
-            return None
+    def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
+                   project: str | None, server: ServerIdentity, deadline: Deadline) -> _Loaded:
+        """Do what the decision says; a longer prefix that fails its gates falls back to the head."""
+        head = Prefix("head", plan.fingerprint, plan.tokens)
         if action.kind == "hit":
-            return Done("hit", action.reason, exact=bool(seen.holding and seen.holding.exact))
+            holding = seen.holding
+            exact = bool(holding and holding.exact)
+            if action.target == "slot" and holding is not None:  # the conversation's own live state
+                return _Loaded(Done("hit", action.reason, exact), Prefix(holding.kind, holding.key, ()),
+                               holding.n_tokens, "", "slot", own=True)
+            if action.target == "proj" and project is not None:
+                return _Loaded(Done("hit", action.reason, exact), Prefix("proj", project, plan.project),
+                               len(plan.project), "", "slot")
+            return _Loaded(Done("hit", action.reason, exact), head, len(plan.tokens), "", "slot")
+        if action.kind == "restore" and action.target in ("proj", "park"):
+            prefix = Prefix("proj", project or "", plan.project) if action.target == "proj" \
+                else Prefix("conv", park.key if park else "", ())
+            try:
+                done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
+                                             epoch=seen.epoch, deadline=deadline)
+                n = len(done.tokens) - (0 if done.exact else PROBE_TOKENS)
+                return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
+                               Prefix(prefix.kind, prefix.key, done.tokens[:n]), n,
+                               slot_filename(prefix.key, prefix.kind), action.target)
+            except GateFailed as failure:
+                self._count(f"gate_failed:{prefix.kind}")
+                log.warning("%s %s failed its gates (%s); loading the head instead",
+                            "project head" if prefix.kind == "proj" else "park", prefix.key, failure)
+                self.executor.erase_quietly(slot, deadline=deadline)
+                action = replace(action, target="head", prove=True, kind="restore"
+                                 if self._file_state("head", plan.fingerprint) is not FileState.MISSING else "warm")
+            except Contended as exc:
+                self._count("contended")
+                raise OcpcError(f"contention: {exc}") from exc
+        file = slot_filename(plan.fingerprint)
         if action.kind == "restore":
             try:
                 done = self.executor.restore_head(plan, slot, prove=action.prove, before=seen.now,
                                                   epoch=seen.epoch, deadline=deadline)
-                return Done(done.action, f"{action.reason}: {done.reason}", done.exact)
+                return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
+                               head, len(plan.tokens), file, "head")
             except GateFailed as failure:
                 self._count("gate_failed")
                 self._condemned(plan, failure, server=server)
                 self.executor.erase_quietly(slot, deadline=deadline)
-                return self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
+                done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                                why=f"gate failed ({failure}); rebuilt")
+                return _Loaded(done, head, len(plan.tokens), file, "head")
             except Contended as exc:
                 self._count("contended")
                 raise OcpcError(f"contention: {exc}") from exc
-        return self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
+        done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                        why=action.reason)
+        return _Loaded(done, head, len(plan.tokens), file, "head")
 
-    def _holding_after(self, done: Done, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
+    def _save_project(self, plan: HeadPlan, loaded: _Loaded, slot: int, seen: Seen, *, key: str,
+                      server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
+        """Extend the head to this project's whole system prompt and save it (once a day per
+        project): later sessions of the project then process only their user message. A
+        failure here costs nothing: the head is in place either way."""
+        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
+                      server_build=server.build, harness=plan.harness, identity=identity, head=plan.fingerprint,
+                      expires=end_of_day(time.time()))
+        try:
+            done = self.executor.save_prefix(slot, Prefix("proj", key, plan.project), entry, epoch=seen.epoch,
+                                             deadline=deadline)
+        except OcpcError as exc:
+            log.warning("could not save the project head %s (the head is in place): %s", key, exc)
+            return loaded
+        reason = f"{loaded.done.reason}; {done.reason}"
+        return _Loaded(Done(loaded.done.action, reason, True, plan.project), Prefix("proj", key, plan.project),
+                       len(plan.project), slot_filename(key, "proj"), loaded.source)
+
+    def _park_point(self, data: dict[str, Any], *, head: str, sent: int, deadline: Deadline) -> tuple[int, ...]:
+        """Where to park a conversation whose last request was ``data``: the longest token
+        prefix of that request that its next request will strictly extend.
+
+        The next request re-renders the end of this one: the generation prompt
+        (``<|im_start|>assistant\n<think>\n``) becomes the assistant's reply. So render the
+        request as sent and as a next turn would (a reply appended, no generation prompt);
+        they part where the reply starts. On Qwen3.5 that is 2 tokens before the end, after
+        the in-memory checkpoint the server took 4 tokens before the end, so parking costs
+        ~2 tokens of evaluation (the end of the messages, 5 tokens before the end, would
+        fall before that checkpoint and cost a whole ubatch: 511 tokens measured).
+        """
+        as_sent = self.planner.tokens_of(self.client, data, head=head, deadline=deadline)
+        if len(as_sent) != sent:
+            raise OcpcError(f"the slot's last request rendered to {len(as_sent)} tokens, {sent} ran")
+        messages = list(data.get("messages") or [])
+        next_turn = {**data, "messages": [*messages, {"role": "assistant", "content": "ok"}],
+                     "add_generation_prompt": False}
+        shown = self.planner.tokens_of(self.client, next_turn, head=head, deadline=deadline)
+        n = next((i for i, (a, b) in enumerate(zip(as_sent, shown, strict=False)) if a != b),
+                 min(len(as_sent), len(shown)))
+        if n < len(as_sent) - GENERATION_PROMPT_MAX:
+            raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
+        return as_sent[:n]
+
+    def _park_occupant(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
+                       deadline: Deadline) -> Seen:
+        """Park the conversation the slot holds before it is displaced; raise if it cannot be
+        parked (the caller then leaves the slot as it is: what ocpc displaces, it parks first).
+        Returns the slot as it is now: holding exactly the park."""
+        holding, trail = seen.holding, seen.trail
+        if holding is None or trail is None:
+            raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
+                            "the slot is left as it is")
+        try:
+            tokens = self._park_point(json.loads(trail.text), head=holding.head, sent=holding.n_tokens,
+                                      deadline=deadline)
+        except (ValueError, OcpcError) as exc:
+            raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "
+                            "the slot is left as it is") from exc
+        key = park_key(identity=identity, conversation=holding.conversation)
+        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
+                      server_build=server.build, harness="", identity=identity, head=holding.head,
+                      session=trail.session, chain=list(trail.digests))
+        try:
+            done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
+                                             deadline=deadline)
+        except OcpcError as exc:
+            self._count("park_failed")
+            raise OcpcError(f"could not park the slot's conversation ({exc}); the slot is left as it is") from exc
+        self._count("parked")
+        log.info("parked %s (slot %d): %s", holding.conversation, slot, done.reason)
+        parked = Holding(kind="conv", key=key, head=holding.head, n_tokens=len(done.tokens), exact=True,
+                         left=self.executor.observe(slot, deadline=deadline), conversation=holding.conversation,
+                         stored=len(done.tokens))
+        self.tracker.leave(self.server, slot, parked, trail=trail, epoch=seen.epoch)
+        return replace(seen, now=parked.left, holding=parked)
+
+    def _holding_after(self, loaded: _Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
                        deadline: Deadline) -> Holding:
-        """What the slot holds now, vouched for by a fresh observation (a hit changed nothing)."""
-        if done.action == "hit" and seen.holding is not None:
-            return Holding(kind=seen.holding.kind, key=seen.holding.key, head=plan.fingerprint,
-                           n_tokens=seen.holding.n_tokens, exact=seen.holding.exact, left=seen.now,
-                           conversation=conversation)
-        now = seen.now if done.action == "hit" else self.executor.observe(slot, deadline=deadline)
-        n = len(plan.tokens) + (0 if done.exact else len(plan.probe))
-        return Holding(kind="head", key=plan.fingerprint, head=plan.fingerprint, n_tokens=n,
-                       exact=done.exact, left=now, conversation=conversation)
+        """What the slot holds now, vouched for by a fresh observation (a plain hit changed nothing)."""
+        done = loaded.done
+        if loaded.own and seen.holding is not None:
+            return replace(seen.holding, left=seen.now)
+        if done.action == "hit":  # a new session on a prefix the slot holds: nothing changed either
+            return Holding(kind=loaded.prefix.kind, key=loaded.prefix.key, head=plan.fingerprint,
+                           n_tokens=loaded.expected, exact=done.exact, left=seen.now, conversation=conversation,
+                           stored=loaded.expected)
+        now = self.executor.observe(slot, deadline=deadline)
+        return Holding(kind=loaded.prefix.kind, key=loaded.prefix.key, head=plan.fingerprint,
+                       n_tokens=len(done.tokens) or loaded.expected, exact=done.exact, left=now,
+                       conversation=conversation, stored=loaded.expected)
 
     def _bind(self, record: _Record, *, prompt: int, generated: int | None) -> None:
         """After a served request: if the slot now holds what that request left (its prompt
@@ -336,19 +521,32 @@ class Preparer:
             self.tracker.forget(self.server, record.slot, "could not tie the slot's contents to the request")
             return
         self.tracker.leave(self.server, record.slot, Holding(
-            kind="head", key=record.fingerprint, head=record.fingerprint, n_tokens=prompt,
-            exact=False, left=now, conversation=record.conversation),
+            kind="conv", key=record.conversation, head=record.fingerprint, n_tokens=prompt,
+            exact=False, left=now, conversation=record.conversation, stored=record.stored),
             trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
 
     # -- helpers -----------------------------------------------------------------------
-    def _file_state(self, name: str) -> FileState:
+    def _index(self) -> Index | None:
+        try:
+            return self.store.load()
+        except StoreError as exc:
+            log.warning("index unreadable, no parks or project heads this time: %s", exc)
+            return None
+
+    def _project_state(self, index: Index | None, key: str | None) -> FileState:
+        if key is None or index is None or project_entry(index, key, now=time.time()) is None:
+            return FileState.MISSING
+        return self._file_state("proj", key)
+
+    def _file_state(self, kind: str, key: str) -> FileState:
+        name = slot_filename(key, kind)
         path = self.settings.slot_dir / name
         try:
             stat = path.stat()
         except OSError:
             return FileState.MISSING
-        key = (name, stat.st_size, stat.st_mtime_ns)
-        return FileState.PROVEN if self.tracker.proven(self.server, key) else FileState.PRESENT
+        proof = (name, stat.st_size, stat.st_mtime_ns)
+        return FileState.PROVEN if self.tracker.proven(self.server, proof) else FileState.PRESENT
 
     def _server_argv(self) -> list[str] | None:
         """The server's command line (for its KV-relevant flags), looked up once per process."""
@@ -381,17 +579,19 @@ class Preparer:
             log.info("gc deleted %s: %s", decision.name, decision.reason)
 
     def _answer(self, action: str, fp: str, expected: int, reason: str, *, slot: int, epoch: int,
-                conversation: str, file: str, split: bool, tools_in_head: bool | None) -> PrepareResult:
+                conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,
+                source: str) -> PrepareResult:
         with self._guard:
             self._seq += 1
             prepare_id = f"{self._seq:x}-{xxhash.xxh32_hexdigest(f'{time.time_ns()}{slot}'.encode())}"
             self._records[prepare_id] = _Record(slot=slot, epoch=epoch, action=action, fingerprint=fp,
                                                 expected=expected, conversation=conversation, file=file,
-                                                planned_split=split)
+                                                planned_split=split, stored=stored)
             while len(self._records) > MAX_RECORDS:
                 self._records.popitem(last=False)
+        self._count(f"source:{source}")
         return PrepareResult(action, fp, expected, reason=reason, tools_in_head=tools_in_head,
-                             prepare_id=prepare_id)
+                             prepare_id=prepare_id, source=source)
 
     def _record_for(self, prepare_id: str, fingerprint: str) -> _Record | None:
         """By id (this plugin), else the latest prepare of that fingerprint (older plugins)."""
@@ -426,11 +626,15 @@ def _in_a_thread(job: Callable[[], None]) -> None:
     threading.Thread(target=job, name="ocpc-job", daemon=True).start()
 
 
-def _slot_facts(seen: Seen, *, partial_cache: bool) -> SlotFacts:
+def _slot_facts(seen: Seen, conversation: str, *, partial_cache: bool, park_min: int) -> SlotFacts:
     holding = seen.holding
+    parkable = (holding is not None and holding.kind == "conv" and bool(holding.conversation)
+                and holding.conversation != conversation and seen.trail is not None
+                and holding.n_tokens - holding.stored >= park_min)
     return SlotFacts(restarted=seen.restarted, known=holding is not None, empty=not seen.now.n_tokens,
                      holds_head=holding.head if holding else None, exact=bool(holding and holding.exact),
-                     holds_conversation=holding.conversation if holding else "", partial_cache=partial_cache)
+                     holds_conversation=holding.conversation if holding else "", partial_cache=partial_cache,
+                     exact_key=holding.key if holding and holding.exact else None, occupant_parkable=parkable)
 
 
 def _continues(previous: Trail, current: Trail) -> bool:

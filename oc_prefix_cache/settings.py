@@ -48,6 +48,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_DAEMON_HOST": ("127.0.0.1", "daemon address (loopback only)"),
     "OC_PREFIX_CACHE_DAEMON_PORT": ("8765", "daemon port"),
+    "OC_PREFIX_CACHE_PARK_MIN_TOKENS": (
+        "256",
+        "a displaced conversation is parked only when this many of its tokens are in no file yet "
+        "(below it, re-processing them costs less than parking)",
+    ),
     "OC_PREFIX_CACHE_PROXY_PORT": ("8766", "`ocpc proxy` port (loopback): the base URL other harnesses use"),
     "OC_PREFIX_CACHE_ADAPTERS": (
         "opencode,claude-code,pi,generic",
@@ -79,6 +84,7 @@ class Settings:
     daemon_host: str
     daemon_port: int
     proxy_port: int = 8766
+    park_min_tokens: int = 256
     adapters: frozenset[str] = frozenset({"opencode", "claude-code", "pi", "generic"})
     rig_dir: Path
     pypi_url: str
@@ -134,6 +140,7 @@ class Settings:
             daemon_host=host,
             daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
             proxy_port=_int(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766, minimum=1),
+            park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", "opencode,claude-code,pi,generic")),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),

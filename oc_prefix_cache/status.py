@@ -21,7 +21,7 @@ from .fingerprint import kv_settings
 from .server_info import ResolvedServer, flag_value, port_of, read_runtime, same_server, server_argv
 from .settings import Settings
 from .slot_client import SlotClient, Timeouts
-from .slotfile import fingerprint_of
+from .slotfile import fingerprint_of, kind_of
 from .store import Store
 
 QUICK = Timeouts(connect=0.5, quick=2.0)
@@ -118,7 +118,9 @@ def daemon_part(settings: Settings) -> dict[str, Any]:
 def disk_part(settings: Settings) -> dict[str, Any]:
     store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
     part: dict[str, Any] = {"slot_dir": str(settings.slot_dir),
-                            "cap_bytes": int(settings.max_gb * 1e9) if settings.max_gb else None}
+                            "cap_bytes": int(settings.max_gb * 1e9) if settings.max_gb else None,
+                            "park_cap_bytes": int(settings.park_max_gb * 1e9) if settings.park_max_gb else None,
+                            "park_ttl_hours": settings.park_ttl_hours}
     try:
         index = store.load()
         part["index_error"] = None
@@ -129,11 +131,15 @@ def disk_part(settings: Settings) -> dict[str, Any]:
     for path in _pattern_files(settings.slot_dir):
         fp = fingerprint_of(path.name) or ""
         entry = index.entries.get(fp) if index else None
-        files.append({"fingerprint": fp, "file": path.name, "bytes": path.stat().st_size,
+        files.append({"fingerprint": fp, "file": path.name, "kind": kind_of(path.name), "bytes": path.stat().st_size,
                       "last_used": entry.last_used if entry else None, "prefix_tokens":
-                      entry.prefix_tokens if entry else None, "current": fp in current, "indexed": entry is not None})
+                      entry.prefix_tokens if entry else None, "current": fp in current, "indexed": entry is not None,
+                      "session": entry.session if entry else ""})
     part["files"] = sorted(files, key=lambda f: -(f["last_used"] or 0))
     part["total_bytes"] = sum(f["bytes"] for f in files)
+    part["by_kind"] = {kind: {"files": sum(1 for f in files if f["kind"] == kind),
+                              "bytes": sum(f["bytes"] for f in files if f["kind"] == kind)}
+                       for kind in ("head", "proj", "conv")}
     part["current"] = sorted(current)
     return part
 
@@ -213,9 +219,16 @@ def render(data: dict[str, Any], out: Console) -> None:
                   + (f" (last: {plugin['last_error']})" if plugin["last_error"] else ""))
     cap = f" of {disk['cap_bytes'] / 1e9:.1f} GB cap" if disk["cap_bytes"] else ""
     out.print(f"disk    {disk['slot_dir']}  {len(disk['files'])} file(s), {disk['total_bytes'] / 1e6:,.1f} MB{cap}")
+    kinds = disk.get("by_kind") or {}
+    if kinds:
+        park_cap = f" of {disk['park_cap_bytes'] / 1e9:.1f} GB" if disk.get("park_cap_bytes") else ""
+        out.print(f"        heads {kinds['head']['files']}, project heads {kinds['proj']['files']}, "
+                  f"parked conversations {kinds['conv']['files']} ({kinds['conv']['bytes'] / 1e6:,.1f} MB{park_cap})")
+    names = {"head": "head", "proj": "project", "conv": "parked"}
     for f in disk["files"][:8]:
         used = age(time.time() - f["last_used"]) if f["last_used"] else "not in index"
-        out.print(f"        {f['fingerprint']}  {f['bytes'] / 1e6:8.1f} MB  {used}{'  current' if f['current'] else ''}")
+        out.print(f"        {names.get(f.get('kind') or '', '?'):7} {f['fingerprint']}  {f['bytes'] / 1e6:8.1f} MB  "
+                  f"{used}{'  current' if f['current'] else ''}")
     if disk.get("index_error"):
         out.print(f"        [red]{disk['index_error']}[/red]")
     out.print(data["verdict"], style="bold")

@@ -86,6 +86,7 @@ class Holding:
     exact: bool  # the slot holds exactly those tokens (no request ran after ocpc's own step)
     left: Observation  # /slots when ocpc left the slot, or when it saw a real request end
     conversation: str = ""  # the conversation whose request runs or ran in the slot, if known
+    stored: int = 0  # tokens of the longest prefix of it already in a file (head, project head, park)
 
 
 @dataclass
@@ -213,6 +214,11 @@ class SlotTracker:
         with self._guard:
             slot_state = self._server(server).slots.get(slot)
             return slot_state.trail if slot_state else None
+
+    def slots(self, server: str) -> list[int]:
+        """The slots of ``server`` ocpc has records for."""
+        with self._guard:
+            return sorted(self._server(server).slots)
 
     def epoch(self, server: str) -> int:
         with self._guard:

@@ -32,34 +32,69 @@ def request(base: RequestFacts = NEW, **changes: object) -> RequestFacts:
     return replace(base, **changes)
 
 
-@pytest.mark.parametrize(("facts", "req", "kind", "words"), [
+PROJ = "aaaaaaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize(("facts", "req", "kind", "words", "target"), [
     # title request / no head
-    (slot(), request(skip="no tools in the request", head=None), "skip", "no tools"),
+    (slot(), request(skip="no tools in the request", head=None), "skip", "no tools", "head"),
     # same conversation
-    (slot(exact=False, holds_conversation="ses_a"), TURN, "hit", "same conversation"),
-    (slot(restarted=True, known=False, empty=True), TURN, "restore", "after a restart"),
-    (slot(restarted=True, known=False, empty=True), request(TURN, head_file=FileState.MISSING), "warm", "first run"),
+    (slot(exact=False, holds_conversation="ses_a"), TURN, "hit", "same conversation", "slot"),
+    (slot(restarted=True, known=False, empty=True), TURN, "restore", "after a restart", "head"),
+    (slot(restarted=True, known=False, empty=True), request(TURN, park=FileState.PRESENT), "restore",
+     "restore its park", "park"),
+    (slot(restarted=True, known=False, empty=True), request(TURN, head_file=FileState.MISSING), "warm",
+     "first run", "head"),
     # same conversation, but something else ran meanwhile (foreign request, bypass, second daemon)
-    (slot(known=False, holds_head=None, exact=False), TURN, "skip", "left to the server"),
-    # new session: exact head, or a turn on top of it
-    (slot(), NEW, "hit", "exactly this head"),
-    (slot(exact=False, holds_conversation="ses_a"), NEW, "restore", "new session"),
-    (slot(exact=False, holds_conversation="ses_a", partial_cache=False), NEW, "hit", "transformer"),
+    (slot(known=False, holds_head=None, exact=False), TURN, "skip", "cannot vouch", "head"),
+    (slot(known=False, holds_head=None, exact=False), request(TURN, park=FileState.PROVEN), "skip",
+     "cannot vouch", "head"),
+    # new session: exact head or project head, or a turn on top of the head
+    (slot(), NEW, "hit", "exactly this head", "head"),
+    (slot(exact_key=PROJ), request(project=PROJ, project_file=FileState.PROVEN), "hit", "project's head", "proj"),
+    (slot(exact=False, holds_conversation="ses_a"), NEW, "restore", "new session", "head"),
+    (slot(exact=False, holds_conversation="ses_a", partial_cache=False), NEW, "hit", "transformer", "head"),
+    # new session: the project head on disk wins over the head
+    (slot(holds_head=OTHER), request(project=PROJ, project_file=FileState.PRESENT), "restore", "project head",
+     "proj"),
     # new session: another head, nothing known, a restart, a missing or unproven file
-    (slot(holds_head=OTHER), NEW, "restore", "new session"),
-    (slot(known=False, holds_head=None, exact=False), NEW, "restore", "new session"),
-    (slot(restarted=True, known=False, holds_head=None, empty=True), NEW, "restore", "new session"),
-    (slot(holds_head=OTHER), request(head_file=FileState.MISSING), "warm", "first run"),
-    (slot(holds_head=OTHER), request(head_file=FileState.PRESENT), "restore", "new session"),
-    # another conversation's later turn
-    (slot(exact=False, holds_conversation="ses_b"), request(TURN, continues_slot=False), "skip", "live state"),
-    (slot(holds_conversation=""), request(TURN, continues_slot=False), "restore", "only a head"),
-    (slot(known=False, holds_head=None, empty=True), request(TURN, continues_slot=False), "restore", "empty slot"),
+    (slot(holds_head=OTHER), NEW, "restore", "new session", "head"),
+    (slot(known=False, holds_head=None, exact=False), NEW, "restore", "new session", "head"),
+    (slot(restarted=True, known=False, holds_head=None, empty=True), NEW, "restore", "new session", "head"),
+    (slot(holds_head=OTHER), request(head_file=FileState.MISSING), "warm", "first run", "head"),
+    (slot(holds_head=OTHER), request(head_file=FileState.PRESENT), "restore", "new session", "head"),
+    # another conversation's later turn: its park, else its head; never over state ocpc cannot vouch for
+    (slot(exact=False, holds_conversation="ses_b"), request(TURN, continues_slot=False, park=FileState.PROVEN),
+     "restore", "another conversation", "park"),
+    (slot(exact=False, holds_conversation="ses_b"), request(TURN, continues_slot=False), "restore",
+     "not parked", "head"),
+    (slot(holds_conversation=""), request(TURN, continues_slot=False), "restore", "only a head", "head"),
+    (slot(known=False, holds_head=None, empty=True), request(TURN, continues_slot=False), "restore",
+     "empty slot", "head"),
 ])
-def test_the_table(facts: SlotFacts, req: RequestFacts, kind: str, words: str) -> None:
+def test_the_table(facts: SlotFacts, req: RequestFacts, kind: str, words: str, target: str) -> None:
     action = decide(facts, req)
     assert action.kind == kind, action
     assert words in action.reason, action
+    if kind in ("restore", "hit"):
+        assert action.target == target, action
+
+
+def test_a_known_conversation_is_parked_before_anything_replaces_or_truncates_it() -> None:
+    occupied = slot(exact=False, holds_conversation="ses_b", occupant_parkable=True)
+    assert decide(occupied, NEW).park_first  # hybrid: the head is restored over it
+    assert decide(replace(occupied, partial_cache=False), NEW).park_first  # transformer: the new request truncates it
+    assert decide(occupied, request(TURN, continues_slot=False, park=FileState.PROVEN)).park_first
+    assert not decide(replace(occupied, occupant_parkable=False), NEW).park_first  # too short to be worth it
+    assert not decide(replace(occupied, known=False), NEW).park_first  # unknown contents are never "parked"
+
+
+def test_a_project_head_is_saved_once_when_missing() -> None:
+    fresh = request(project=PROJ, project_file=FileState.MISSING)
+    assert decide(slot(holds_head=OTHER), fresh).save_project
+    assert decide(slot(), fresh).save_project  # the slot holds exactly the head: extend it
+    assert not decide(slot(holds_head=OTHER), request(project=PROJ, project_file=FileState.PROVEN)).save_project
+    assert not decide(slot(holds_head=OTHER), NEW).save_project  # no project head could be cut
 
 
 def test_restores_prove_unless_the_file_is_proven_on_this_server() -> None:
@@ -78,11 +113,13 @@ def test_a_restart_is_never_a_hit() -> None:
 slot_facts = st.builds(
     SlotFacts, restarted=st.booleans(), known=st.booleans(), empty=st.booleans(),
     holds_head=st.sampled_from([None, HEAD, OTHER]), exact=st.booleans(),
-    holds_conversation=st.sampled_from(["", "ses_a", "ses_b"]), partial_cache=st.booleans())
+    holds_conversation=st.sampled_from(["", "ses_a", "ses_b"]), partial_cache=st.booleans(),
+    exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa"]), occupant_parkable=st.booleans())
 request_facts = st.builds(
     RequestFacts, skip=st.sampled_from([None, None, "no tools"]), conversation=st.sampled_from(["ses_a", "ses_b"]),
     continues_slot=st.booleans(), continuing=st.booleans(), head=st.sampled_from([HEAD, OTHER, None]),
-    head_file=st.sampled_from(list(FileState)))
+    head_file=st.sampled_from(list(FileState)), park=st.sampled_from(list(FileState)),
+    project=st.sampled_from([None, "aaaaaaaaaaaaaaaa"]), project_file=st.sampled_from(list(FileState)))
 
 
 @given(slot_facts, request_facts)
@@ -96,11 +133,21 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     if action.kind == "warm":
         assert req.head_file is FileState.MISSING
     if action.kind == "restore":
-        assert req.head_file is not FileState.MISSING
-        assert action.prove == (req.head_file is FileState.PRESENT)
+        state = {"head": req.head_file, "proj": req.project_file, "park": req.park}[action.target]
+        assert state is not FileState.MISSING
+        assert action.prove == (state is FileState.PRESENT)
     if req.continuing and action.kind in ("restore", "warm") and not facts.restarted:
-        # a later turn never wipes live state: only an empty slot or a bare head is replaced
-        assert facts.empty or (facts.known and not facts.holds_conversation)
+        # a later turn never wipes state ocpc cannot vouch for; a known other conversation is
+        # parked first when it is worth it
+        assert facts.empty or facts.known
+        if facts.known and facts.holds_conversation and facts.occupant_parkable:
+            assert action.park_first
+    if action.park_first:
+        assert facts.known and facts.occupant_parkable and not facts.restarted
+    if action.target == "park":
+        assert req.park is not FileState.MISSING and req.continuing
+    if action.target == "proj" and action.kind == "restore":
+        assert req.project_file is not FileState.MISSING and not req.continuing
 
 
 def test_the_decision_module_does_no_io() -> None:
