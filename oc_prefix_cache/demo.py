@@ -183,6 +183,7 @@ class Sample:
     task_before: int | None  # the slot's last task id before the sample (None: nothing ever ran there)
     head_tokens: int = 0
     fingerprint: str = ""
+    reason: str = ""  # why ocpc did what it did (its answer's reason)
 
     @property
     def total_ms(self) -> float:
@@ -254,7 +255,8 @@ def _prepared(stage: Stage, daemon: Daemon, case: str, raw: bytes, session: str,
     report_over_http(stage.http, daemon.url, answer, timing)
     return Sample(case, index, str(answer["action"]), timing.prompt_n, timing.cache_n, prepare_ms,
                   timing.wall_ms, timing.prompt_ms, stage.server.pid, before,
-                  head_tokens=int(answer.get("prefix_tokens") or 0), fingerprint=str(answer.get("fingerprint") or ""))
+                  head_tokens=int(answer.get("prefix_tokens") or 0), fingerprint=str(answer.get("fingerprint") or ""),
+                  reason=str(answer.get("reason") or ""))
 
 
 # -- the summary --------------------------------------------------------------------------------
