@@ -232,6 +232,7 @@ def stub_arm(runs: int, chunks: int, home: Path) -> dict[str, Any]:
             path = "/v1/chat/completions"
             alternate(http, 2, stub.url + path, proxy.url + path, raw, {"x-stub": f"stream:{n}"})  # warm-up
             row = alternate(http, runs, stub.url + path, proxy.url + path, raw, {"x-stub": f"stream:{n}"})
+            row["ready_ms"] = statistics.median(r["ready_ms"] for r in proxy.proxy.status()["recent"][-runs:])
             if n > 3:
                 row["added_per_chunk_ms"] = row["added_ms"] / n
             out[label] = row
@@ -289,6 +290,7 @@ def hit_arm(runs: int, sizes: list[int]) -> dict[str, Any]:
                 row["hits"] = f"{actions.count('hit')}/{len(actions)}"
                 events = [e for e in proxy.proxy.preparer.status()["events"] if e["action"] == "hit"][-runs:]
                 row["prepare_ms"] = statistics.median(e["elapsed_ms"] for e in events) if events else -1.0
+                row["ready_ms"] = statistics.median(r["ready_ms"] for r in recent)  # arrival -> forward
                 out[f"hit, {len(raw) // 1000} KB body"] = row
     finally:
         server.stop()

@@ -101,6 +101,7 @@ class Plan:
     why_not: str = ""  # why there was no prepare ("" when there was one)
     adapter: str = ""
     rule: str = ""  # the affinity rule that chose the slot
+    ready_ms: float = 0.0  # from the request's arrival to its forward (parse, slot, prepare)
 
 
 @dataclass
@@ -198,6 +199,7 @@ class Proxy:
 
     # -- chat requests -------------------------------------------------------------------
     async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
+        arrived = time.perf_counter()
         raw, complete = await _read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
         if not complete:  # too big to prepare: stream it through as it comes, never a 413
             self.counters.add("not_prepared:oversized")
@@ -214,6 +216,7 @@ class Proxy:
             log.exception("planning a request failed; forwarding it unchanged")
             self.counters.add("fail_open:internal")
             plan = Plan(path=_path(scope), body=raw, why_not=f"internal error: {exc}")
+        plan.ready_ms = (time.perf_counter() - arrived) * 1000
         learned: Learned | None = None
         try:
             learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
@@ -337,7 +340,7 @@ class Proxy:
             self._recent.append({
                 "at": time.time(), "path": plan.path, "adapter": plan.adapter, "slot": plan.slot, "rule": plan.rule,
                 "action": result.action if result else None, "prefix_tokens": result.prefix_tokens if result else None,
-                "reason": (result.reason if result else plan.why_not)[:200],
+                "reason": (result.reason if result else plan.why_not)[:200], "ready_ms": round(plan.ready_ms, 3),
                 "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
         try:
             result = plan.result
