@@ -87,3 +87,24 @@ def test_the_servers_own_errors_come_back_unchanged(llama_server: Any, proxy_for
         through = post(proxy.url, raw, path=path)
         assert (through.status_code, through.content) == (direct.status_code, direct.content), (raw, through.text)
         assert through.status_code >= 400
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_answers_through_the_proxy_equal_the_servers_own(llama_server: Any, proxy_for: Any,  # noqa: F811
+                                                                    stream: bool) -> None:
+    """The proxy sends an Anthropic request as a chat completion and translates the answer back:
+    what the client gets equals the server's own /v1/messages answer but for the random ids."""
+    server = llama_server("qwen35", ctx_size=4096, extra_args=("--cache-ram", "0"))
+    proxy = proxy_for(server.url)
+    body = {"model": "m", "max_tokens": 6, "temperature": 0, "top_k": 1, "stream": stream,
+            "system": "You are terse.", "messages": [{"role": "user", "content": "Say hello."}],
+            "chat_template_kwargs": {"enable_thinking": False}}
+    headers = {"user-agent": "claude-cli/2.1.332 (external, sdk-cli)", "x-claude-code-session-id": "s1"}
+    answers = []
+    for url in (server.url, proxy.url):
+        httpx.post(f"{server.url}/slots/0?action=erase", timeout=30)
+        response = post(url, body, path="/v1/messages?beta=true", headers=headers, timeout=120)
+        assert response.status_code == 200, response.text
+        answers.append(re.sub(rb'"(id)":"[^"]*"', b'"id":"X"', response.content))
+    assert answers[0] == answers[1]
+    assert proxy.status()["recent"][-1]["path"] == "/v1/chat/completions"  # it did go as a chat completion
