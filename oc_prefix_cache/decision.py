@@ -20,7 +20,7 @@ The rules, in order:
 4. A conversation going on that the slot does not hold:
    - after a restart, in an empty slot, or in a slot that holds only a head or another
      conversation ocpc knows: restore its park (only its new tokens are processed), else
-     its head;
+     its project head (same day), else its head;
    - in a slot whose contents ocpc cannot vouch for: leave it alone (``skip``); a restore
      would wipe live state ocpc cannot park, and the server's own cache decides.
 5. Before anything replaces (or, on a transformer, truncates) another conversation that
@@ -97,6 +97,9 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
         if request.park is not FileState.MISSING:
             return Action("restore", f"{why}: restore its park", prove=request.park is FileState.PRESENT,
                           park_first=park_first, target="park")
+        if request.project is not None and request.project_file is not FileState.MISSING:
+            return Action("restore", f"{why}, not parked: restore its project head",
+                          prove=request.project_file is FileState.PRESENT, park_first=park_first, target="proj")
         return _load_head(request, why=f"{why}, not parked", park_first=park_first, save_project=False)
     return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
                   "left to the server's own cache")

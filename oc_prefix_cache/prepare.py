@@ -297,7 +297,7 @@ class Preparer:
         identity = server_key(server, ocpc_version=__version__)
         harness = harness_of(headers.get("user-agent", ""))
         continuing = any(m.get("role") == "assistant" for m in body.messages)
-        system = message_text(body.messages[0]) if body.messages and not continuing else None
+        system = message_text(body.messages[0]) if body.messages else None
         plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
                                  system_text=system)
         index = self._index()

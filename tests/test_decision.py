@@ -68,6 +68,9 @@ PROJ = "aaaaaaaaaaaaaaaa"
      "restore", "another conversation", "park"),
     (slot(exact=False, holds_conversation="ses_b"), request(TURN, continues_slot=False), "restore",
      "not parked", "head"),
+    (slot(exact=False, holds_conversation="ses_b"),
+     request(TURN, continues_slot=False, project=PROJ, project_file=FileState.PROVEN), "restore",
+     "its project head", "proj"),
     (slot(holds_conversation=""), request(TURN, continues_slot=False), "restore", "only a head", "head"),
     (slot(known=False, holds_head=None, empty=True), request(TURN, continues_slot=False), "restore",
      "empty slot", "head"),
@@ -147,7 +150,7 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     if action.target == "park":
         assert req.park is not FileState.MISSING and req.continuing
     if action.target == "proj" and action.kind == "restore":
-        assert req.project_file is not FileState.MISSING and not req.continuing
+        assert req.project_file is not FileState.MISSING and req.park is FileState.MISSING
 
 
 def test_the_decision_module_does_no_io() -> None:

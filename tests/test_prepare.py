@@ -407,12 +407,13 @@ def test_kv_cache_type_from_the_servers_flags_moves_the_fingerprint(prep) -> Non
 
 def test_a_conversation_whose_slot_another_took_gets_its_head_back(prep) -> None:
     """A's later turn after B took the slot: B is known (its request was reported) and too
-    short to be worth parking, so A gets its head back instead of re-processing everything."""
+    short to be worth parking, so A gets its (project) head back instead of re-processing
+    everything."""
     server, rig = prep("qwen35")
     rig.turn(PROJ_A, session="ses_a")
     assert rig.turn(PROJ_B, session="ses_b")[0].action == "restored"
     turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
-    assert turn2.action == "restored" and turn2.source == "head", turn2
+    assert turn2.action == "restored" and turn2.source == "proj", turn2
     assert "parked the slot" not in turn2.reason and rig.preparer.stats.counters["parked"] == 0
     assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
 

@@ -1,0 +1,304 @@
+"""Conversations sharing a slot, on the real server: parked, brought back, never destroyed.
+
+Each step is what the plugin does (prepare, the real request, report). "Only its new
+tokens": a conversation that comes back processes what its request added since its last
+one (plus the few tokens of the template's turn markup), not its history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.prepare import Preparer, PrepareResult
+from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slot_client import SlotClient, Timings
+from oc_prefix_cache.slotfile import read_header
+from oc_prefix_cache.store import Store
+
+from . import workload
+from .helpers import chat
+
+pytestmark = pytest.mark.rig
+BOTH = pytest.mark.parametrize("model", ["qwen35", "qwen3"])
+FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
+MARKUP = 12  # turn markup the template re-renders around appended messages
+
+
+class Turns:
+    """Drives conversations through one Preparer the way the plugin does, and remembers
+    each conversation's last prompt size so a test can say "only its new tokens"."""
+
+    def __init__(self, url: str, settings: Settings | None = None) -> None:
+        self.url = url
+        self.settings = settings or Settings.from_env(dict(os.environ))
+        self.client = SlotClient(url)
+        self.preparer = Preparer(settings=self.settings, client=self.client,
+                                 store=Store(index_path=self.settings.index_path, lock_path=self.settings.lock_path))
+        self.prompts: dict[str, int] = {}
+
+    def turn(self, conv: workload.Conversation, *, body: dict[str, Any] | None = None) -> tuple[PrepareResult, Timings]:
+        body = body or conv.next_body()
+        raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        result = self.preparer.prepare(raw, conv.headers())
+        timings = chat(self.url, body)
+        if result.fingerprint:
+            self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n, prompt_n=timings.prompt_n,
+                                 prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+        self.new_tokens = timings.cache_n + timings.prompt_n - self.prompts.get(conv.session, 0)
+        self.prompts[conv.session] = timings.cache_n + timings.prompt_n
+        return result, timings
+
+    def assert_only_new_tokens(self, result: PrepareResult, timings: Timings) -> None:
+        assert timings.prompt_n <= self.new_tokens + MARKUP, (result, timings, self.new_tokens)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.fixture
+def turns(llama_server) -> Iterator[Any]:
+    made: list[Turns] = []
+
+    def make(model: str = "qwen35", **kwargs: Any) -> tuple[Any, Turns]:
+        kwargs.setdefault("extra_args", FLAGS)
+        kwargs.setdefault("ctx_size", 32768)
+        server = llama_server(model, **kwargs)
+        t = Turns(server.url)
+        made.append(t)
+        return server, t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+@BOTH
+def test_a_subagent_and_back(turns, model: str) -> None:
+    server, t = turns(model)
+    parent, sub = workload.parent(), workload.explore_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    sub_first, _ = t.turn(sub)
+    assert "parked the slot's conversation" in sub_first.reason, sub_first
+    t.turn(sub)
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    t.assert_only_new_tokens(back, timings)
+    assert t.preparer.stats.counters["parked"] == 2  # the parent, then the subagent
+
+
+@BOTH
+def test_another_projects_session_and_back(turns, model: str) -> None:
+    server, t = turns(model)
+    parent, other = workload.parent(), workload.other_project()
+    for _ in range(3):
+        t.turn(parent)
+    first, _ = t.turn(other)
+    assert first.action in ("restored", "hit") and "parked the slot's conversation" in first.reason, first
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    t.assert_only_new_tokens(back, timings)
+
+
+def test_four_conversations_taking_turns_on_one_slot(turns) -> None:
+    server, t = turns("qwen35")
+    for i, (who, conv) in enumerate(workload.round_robin(n=4, turns=3)):
+        result, timings = t.turn(conv)
+        if 4 <= i < 8:  # a first turn's tail is too short to park: back from the project head
+            assert result.action == "restored" and result.source == "proj", (who, result)
+        if i >= 8:  # from then on, every turn comes back from its park with only its new tokens
+            assert result.action == "restored" and result.source == "park", (who, result)
+            t.assert_only_new_tokens(result, timings)
+
+
+@BOTH
+def test_a_graceful_restart_parks_the_live_conversation(turns, model: str) -> None:
+    server, t = turns(model)
+    parent = workload.parent()
+    for _ in range(3):
+        t.turn(parent)
+    parked = t.preparer.park_live(deadline=Deadline.after(10))
+    assert [p["parked"] for p in parked] == [True], parked
+    server.restart()
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park" and "gated" in back.reason, back
+    t.assert_only_new_tokens(back, timings)
+
+
+def test_a_crash_loses_only_what_was_not_parked(turns) -> None:
+    """SIGKILL: no park on the way down. The park made when the subagent displaced the
+    parent is still on disk and still serves; only the turns since are processed again."""
+    server, t = turns("qwen35")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    t.turn(sub)  # parks the parent (2 turns)
+    t.turn(parent)  # back from its park, then one more turn live
+    before = t.prompts[parent.session]
+    os.kill(server.pid, signal.SIGKILL)
+    server.stop()
+    server.start()
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    lost = before - back.prefix_tokens  # the live turn that was never parked
+    assert timings.prompt_n <= t.new_tokens + lost + MARKUP, (back, timings)
+    assert timings.cache_n >= back.prefix_tokens * 0.9
+
+
+def test_a_damaged_park_fails_its_gate_and_the_request_is_served_from_the_head(turns) -> None:
+    server, t = turns("qwen35")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    t.turn(sub)
+    [park] = t.settings.slot_dir.glob("oc-conv-*.bin")
+    data = park.read_bytes()
+    park.write_bytes(data[: len(data) // 2])  # truncated
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "head", back
+    assert timings.cache_n >= 0.9 * back.prefix_tokens
+    assert t.preparer.stats.counters["gate_failed:conv"] == 1
+
+
+def test_a_park_made_under_another_models_identity_is_never_looked_up(turns, models, tmp_path: Path) -> None:
+    """A same-shape model (other weights) would restore it silently; the index files parks
+    under the identity they were made with, so the other model never even sees it."""
+    server, t = turns("qwen35-alt")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    t.turn(sub)
+    assert list(t.settings.slot_dir.glob("oc-conv-*.bin"))
+    server.stop()
+    server2, t2 = turns("qwen35")  # same slot folder, same index
+    t2.prompts = dict(t.prompts)
+    back, timings = t2.turn(parent)
+    assert back.source != "park", back
+    assert timings.cache_n + timings.prompt_n == t2.prompts[parent.session]
+
+
+def test_a_park_that_cannot_be_written_displaces_nothing(turns) -> None:
+    """Disk full (the server's save fails): the slot is not handed over, the request goes
+    through untouched, and the parent is still in the slot afterwards."""
+    import respx
+
+    server, t = turns("qwen35")
+    parent, sub = workload.parent(), workload.explore_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post(url__regex=rf"{server.url}/slots/0\?action=save").respond(
+            500, json={"error": {"code": 500, "message": "failed to save slot: No space left on device"}})
+        mock.route().pass_through()
+        blocked, timings = t.turn(sub)
+    assert blocked.action == "failed" and "could not park" in blocked.reason, blocked
+    assert timings.prompt_n > 0  # the subagent's request itself went through
+    assert t.preparer.stats.counters["park_failed"] == 1
+
+
+def test_a_project_head_serves_the_next_session_of_that_project_the_same_day_only(turns) -> None:
+    server, t = turns("qwen35")
+    first, _ = t.turn(workload.parent("ses_1"))
+    assert "project head" in first.reason and "saved" in first.reason, first
+    t.turn(workload.other_project("ses_b"))  # another project takes the slot meanwhile
+    second, timings = t.turn(workload.parent("ses_2"))
+    assert second.action == "restored" and second.source == "proj", second
+    assert timings.prompt_n <= 30  # the user's message and the turn markup, not the ~350-token <env> part
+    def midnight(index: Any) -> None:  # the day is over for every project head
+        for entry in index.entries.values():
+            if entry.kind == "proj":
+                entry.expires = int(time.time()) - 1
+
+    t.preparer.store.update(midnight)
+    t.turn(workload.other_project("ses_c"))
+    third, _ = t.turn(workload.parent("ses_3"))
+    assert third.source == "head" and "project head" in third.reason, third  # a new day: cut and saved again
+
+
+def test_every_answer_says_where_the_reused_prefix_came_from(turns) -> None:
+    """The tiers: the slot itself (live), or a file in the slot folder (head, project head,
+    park). What lives only in the server's RAM prompt cache is the server's, and lost on a
+    restart."""
+    server, t = turns("qwen3")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    sources = [t.turn(parent)[0].source, t.turn(parent)[0].source, t.turn(sub)[0].source, t.turn(parent)[0].source]
+    assert sources == ["head", "slot", "head", "park"], sources
+    counters = t.preparer.stats.counters
+    assert counters["source:park"] == 1 and counters["source:slot"] == 1
+
+
+def _top_logprobs(url: str, body: dict[str, Any]) -> list[dict[str, float]]:
+    sent = {**body, "max_tokens": 3, "stream": False, "temperature": 0, "logprobs": True, "top_logprobs": 8}
+    sent.pop("stream_options", None)
+    data = httpx.post(f"{url}/v1/chat/completions", json=sent, timeout=300).json()
+    return [{c["token"]: c["logprob"] for c in step["top_logprobs"]} for step in data["choices"][0]["logprobs"]["content"]]
+
+
+def _gap(a: list[dict[str, float]], b: list[dict[str, float]]) -> float:
+    """The largest difference between two runs' top log-probabilities (inf when the top
+    tokens differ)."""
+    if any(set(x) != set(y) for x, y in zip(a, b, strict=True)):
+        return float("inf")
+    return max(abs(x[k] - y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+# The tiny models' logits are nearly uniform (top-8 within ~0.15 nats), and another
+# conversation's state 4k tokens back moves them by ~2e-4; the same request's state, by 0
+# on this CPU build (cold vs cold, and cold vs restored, measured 0.0).
+SAME = 5e-5
+
+
+def _relabelled(path: Path, tokens: tuple[int, ...]) -> bytes:
+    """``path``'s slot file with its token list replaced by ``tokens[:n]`` (its own n): the
+    server then believes it holds those tokens while its state is another conversation's."""
+    data = bytearray(path.read_bytes())
+    magic, version, count = struct.unpack_from("<III", data, 0)
+    packed = list(struct.unpack_from(f"<{count}i", data, 12))
+    assert packed[0] == -1 and packed[1] == 1  # llama-server's packing: -1, 1, n, tokens..., media
+    n = packed[2]
+    packed[3: 3 + n] = tokens[:n]
+    struct.pack_into(f"<{count}i", data, 12, *packed)
+    return bytes(data)
+
+
+def test_a_restored_conversation_continues_as_the_same_request_cold(turns) -> None:
+    """Equivalence: the next request after a restore from a park gives the same top-8
+    log-probabilities as the same request on a cold server (no --logit-bias, no RAM cache).
+    Negative control: a park of another conversation (the subagent's), relabelled with this
+    conversation's tokens so the server reuses it, does not."""
+    server, t = turns("qwen35", extra_args=(*FLAGS, "--cache-ram", "0"))
+    parent, sub = workload.parent(), workload.explore_subagent("ses_sub")
+    for conv in (parent, parent, sub, sub, parent, sub):  # ends with both parked, the parent last
+        t.turn(conv)
+    nxt = parent.next_body()
+    server.restart()
+    cold = _top_logprobs(server.url, nxt)
+    server.restart()
+    raw = json.dumps(nxt, ensure_ascii=False, separators=(",", ":")).encode()
+    result = t.preparer.prepare(raw, parent.headers())
+    assert result.action == "restored" and result.source == "park", result
+    restored = _top_logprobs(server.url, nxt)
+    assert _gap(restored, cold) <= SAME, (restored[0], cold[0])
+
+    index = t.preparer.store.load()
+    mine = next(e for e in index.entries.values() if e.kind == "conv" and e.session == parent.session)
+    theirs = next(e for e in index.entries.values() if e.kind == "conv" and e.session == sub.session)
+    ours = read_header(t.settings.slot_dir / mine.file)
+    impostor = t.settings.slot_dir / "impostor.bin"  # not ocpc's name: restored by hand, below
+    impostor.write_bytes(_relabelled(t.settings.slot_dir / theirs.file, ours.tokens))
+    server.restart()
+    httpx.post(f"{server.url}/slots/0?action=restore", json={"filename": impostor.name},
+               timeout=60).raise_for_status()
+    fooled = _top_logprobs(server.url, nxt)
+    assert _gap(fooled, cold) > SAME, (fooled[0], cold[0])
