@@ -452,6 +452,7 @@ class Proxy:
                 if not chunk:
                     continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await asyncio.sleep(0)  # let a lost connection be noticed before the next write
         last = b""
         if translator is not None:
             last = translator.close()

@@ -108,3 +108,29 @@ def test_anthropic_answers_through_the_proxy_equal_the_servers_own(llama_server:
         answers.append(re.sub(rb'"(id)":"[^"]*"', b'"id":"X"', response.content))
     assert answers[0] == answers[1]
     assert proxy.status()["recent"][-1]["path"] == "/v1/chat/completions"  # it did go as a chat completion
+
+
+def test_a_plugin_prepare_waits_for_the_proxys_held_slot_then_fails_open(llama_server: Any,
+                                                                         proxy_for: Any) -> None:  # noqa: F811
+    """One Preparer and tracker for both front doors (as `ocpc launch` runs them): while the proxy
+    holds slot 0 for a streaming answer, the daemon's prepare for the OpenCode plugin waits only
+    within its own budget, then answers `failed`, and the plugin's request goes on."""
+    from oc_prefix_cache.deadline import Deadline
+
+    server = llama_server("qwen35", ctx_size=16384)
+    proxy = proxy_for(server.url)
+    body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 4000,
+            "ignore_eos": True}
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as response:
+        chunks = response.iter_raw()
+        next(chunks)  # the answer is streaming: the proxy holds the slot
+        started = time.monotonic()
+        result = proxy.proxy.preparer.prepare(json.dumps(capture(PROJ_A)).encode(), {"user-agent": UA},
+                                              deadline=Deadline.after(3.0))
+        waited = time.monotonic() - started
+        still = httpx.get(server.url + "/slots", timeout=5).json()[0]["is_processing"]
+        assert sum(1 for _ in zip(range(20), chunks)) == 20  # the answer still flows
+    assert still, f"the answer ended before the prepare waited ({result}, {waited:.2f} s): the test proved nothing"
+    # it failed open within its own budget (waiting for the held slot, or for a server busy with the
+    # stream it serves), and changed nothing under the proxy's answer, which went on
+    assert result.action == "failed" and waited < 4.0, (result, waited)
