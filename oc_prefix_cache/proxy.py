@@ -131,7 +131,7 @@ class Proxy:
     """The ASGI application. One per (server, process); the ``Preparer`` may be the daemon's."""
 
     def __init__(self, *, settings: Settings, preparer: Preparer, bounds: Bounds | None = None,
-                 own_origins: frozenset[str] = frozenset(), workers: int = 8) -> None:
+                 own_origins: frozenset[str] = frozenset(), workers: int = 32) -> None:
         self.settings = settings
         self.preparer = preparer
         self.server = preparer.server
@@ -140,7 +140,11 @@ class Proxy:
         self.own_origins = own_origins  # the proxy's own URL(s): the server's web UI through the proxy
         self.table = AffinityTable()
         self.counters = _Counters()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-proxy")
+        # Two pools: prepares may wait minutes for a held slot; the reports and releases that free
+        # those slots must never queue behind them (one pool, all workers waiting: a deadlock until
+        # the deadlines ran out)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-prepare")
+        self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
         self._client: httpx.AsyncClient | None = None
         self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
         self._slots_client = SlotClient(self.server)
@@ -187,6 +191,7 @@ class Proxy:
     def close(self) -> None:
         """After the server stopped: the worker threads and the blocking client."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._releases.shutdown(wait=True)
         self._slots_client.close()
 
     def status(self) -> dict[str, Any]:
@@ -221,7 +226,7 @@ class Proxy:
         try:
             learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
         finally:  # shielded: the slot is released even when this request is cancelled
-            await asyncio.shield(asyncio.wrap_future(self._pool.submit(self._finish, plan, learned)))
+            await asyncio.shield(asyncio.wrap_future(self._releases.submit(self._finish, plan, learned)))
 
     def _refusal(self, headers: dict[str, str]) -> str:
         """Requests a web page could send are forwarded, never prepared: a page must not make ocpc

@@ -58,13 +58,13 @@ def proxy_for(tmp_path: Path) -> Iterator[Any]:
     running: list[Running] = []
 
     def start(url: str, *, bounds: Bounds | None = None, adapters: str | None = None,
-              preparer: Preparer | None = None) -> Running:
+              preparer: Preparer | None = None, workers: int = 32) -> Running:
         env = {"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")}
         if adapters is not None:
             env["OC_PREFIX_CACHE_ADAPTERS"] = adapters
         settings = Settings.from_env(env)
         prep = preparer or build_preparer(settings, server_url=url)
-        run = Running(Proxy(settings=settings, preparer=prep, bounds=bounds))
+        run = Running(Proxy(settings=settings, preparer=prep, bounds=bounds, workers=workers))
         run.server.start()
         running.append(run)
         return run
@@ -297,3 +297,25 @@ def test_with_two_slots_requests_are_pinned(proxy_for: Any) -> None:
         assert slots[0] != slots[1] and slots[0] == slots[2] and slots[1] == slots[3]
         assert post(proxy.url, {**chat_a, "id_slot": 1}).status_code == 200
         assert json.loads(stub.seen[-1]["body"])["id_slot"] == 1  # a client's own choice is kept
+
+
+def test_more_waiting_requests_than_workers_do_not_deadlock_the_releases(proxy_for: Any, stub: Any) -> None:
+    """Every worker may be waiting for the held slot; the request holding it still releases it
+    (releases have workers of their own), so the waiting ones get the slot one after another."""
+    proxy = proxy_for(stub.url, bounds=Bounds(prepare_s=20), workers=2)  # -np 1: all want slot 0
+    done: list[tuple[int, float]] = []
+    started = time.monotonic()
+
+    def one(i: int) -> None:
+        body = {**CHAT, "messages": [{"role": "user", "content": f"conversation {i}"}]}
+        assert post(proxy.url, body, headers={"x-stub": "slow:5:60"}).status_code == 200
+        done.append((i, time.monotonic() - started))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(30)
+    assert len(done) == 5 and max(t for _, t in done) < 5.0, done  # ~5 x 0.3 s, not a 20 s deadline
+    assert "fail_open:slot_busy" not in proxy.counters()
