@@ -38,7 +38,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -215,8 +215,12 @@ class Proxy:
             self.counters.add(f"not_prepared:{refusal}")
             await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=raw)
             return
+        planning = self._pool.submit(self._plan, api, headers, raw, _path(scope))
         try:
-            plan = await asyncio.wrap_future(self._pool.submit(self._plan, api, headers, raw, _path(scope)))
+            plan = await asyncio.wrap_future(planning)
+        except asyncio.CancelledError:  # shutting down mid-prepare: the slot it takes is given back
+            planning.add_done_callback(self._abandoned)
+            raise
         except Exception as exc:  # a bug of ours: the request goes on unchanged
             log.exception("planning a request failed; forwarding it unchanged")
             self.counters.add("fail_open:internal")
@@ -227,6 +231,10 @@ class Proxy:
             learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
         finally:  # shielded: the slot is released even when this request is cancelled
             await asyncio.shield(asyncio.wrap_future(self._releases.submit(self._finish, plan, learned)))
+
+    def _abandoned(self, planning: Future[Plan]) -> None:
+        if not planning.cancelled() and planning.exception() is None:
+            self._finish(planning.result(), None)
 
     def _refusal(self, headers: dict[str, str]) -> str:
         """Requests a web page could send are forwarded, never prepared: a page must not make ocpc
