@@ -319,3 +319,21 @@ def test_more_waiting_requests_than_workers_do_not_deadlock_the_releases(proxy_f
         thread.join(30)
     assert len(done) == 5 and max(t for _, t in done) < 5.0, done  # ~5 x 0.3 s, not a 20 s deadline
     assert "fail_open:slot_busy" not in proxy.counters()
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--port", "TAKEN"]])
+def test_the_cli_says_what_is_wrong_in_one_line(args: list[str]) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        args = [str(taken.getsockname()[1]) if a == "TAKEN" else a for a in args]
+        proc = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "proxy", *args], capture_output=True,
+                              text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert ("loopback only" if "--host" in args else "cannot listen on 127.0.0.1") in lines[0]
