@@ -149,6 +149,7 @@ class Proxy:
         self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
         self._slots_client = SlotClient(self.server)
         self._generic = GenericAdapter(markers=settings.markers)
+        self._choosing = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()
 
@@ -270,7 +271,13 @@ class Proxy:
             return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
         n_slots = self._n_slots()
         conversation = adapter.session(incoming) or _chain_key(chat)
-        slot, head_key, rule = self._choose(adapter, chat, conversation, n_slots)
+        own_slot = body.get("id_slot") if api == "openai" else None
+        with self._choosing:  # choose and mark busy at once: two new conversations never pick one slot
+            if isinstance(own_slot, int) and not isinstance(own_slot, bool) and 0 <= own_slot < n_slots:
+                slot, head_key, rule = own_slot, "", "client"  # the client chose: prepare that slot
+            else:
+                slot, head_key, rule = self._choose(adapter, chat, conversation, n_slots)
+            self.table.begin(slot, conversation)
         pinned = n_slots > 1
         if api == "anthropic":
             up = upstream_body(chat, id_slot=slot if pinned else None)
@@ -284,7 +291,6 @@ class Proxy:
             chat_raw = raw if not changes else _dump(body)
         plan.adapter, plan.rule = adapter.name, rule
         deadline = Deadline.after(self.bounds.prepare_s)
-        self.table.begin(slot, conversation)
         try:
             plan.hold = self.tracker.hold(self.server, slot, deadline=deadline)
         except (LockTimeout, OcpcError) as exc:

@@ -296,7 +296,21 @@ def test_with_two_slots_requests_are_pinned(proxy_for: Any) -> None:
             assert {k: v for k, v in sent.items() if k != "id_slot"} == body  # nothing else changed
         assert slots[0] != slots[1] and slots[0] == slots[2] and slots[1] == slots[3]
         assert post(proxy.url, {**chat_a, "id_slot": 1}).status_code == 200
-        assert json.loads(stub.seen[-1]["body"])["id_slot"] == 1  # a client's own choice is kept
+        assert json.loads(stub.seen[-1]["body"])["id_slot"] == 1  # a client's own choice is kept...
+        assert {k: proxy.status()["recent"][-1][k] for k in ("slot", "rule")} == {"slot": 1, "rule": "client"}
+        # ...and is the slot prepared and held
+
+        def new_conversation(i: int) -> None:
+            post(proxy.url, {**CHAT, "messages": [{"role": "user", "content": f"new {i}"}]},
+                 headers={"x-stub": "slow:3:100"})
+
+        threads = [threading.Thread(target=new_conversation, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        last_two = [r["slot"] for r in proxy.status()["recent"][-2:]]
+        assert sorted(last_two) == [0, 1], last_two  # two new conversations at once: one slot each
 
 
 def test_more_waiting_requests_than_workers_do_not_deadlock_the_releases(proxy_for: Any, stub: Any) -> None:
