@@ -443,9 +443,10 @@ class Preparer:
         The next request re-renders the end of this one: the generation prompt
         (``<|im_start|>assistant\n<think>\n``) becomes the assistant's reply. So render the
         request as sent and as a next turn would (a reply appended, no generation prompt);
-        they part where the reply starts. On Qwen3.5 that is 2 tokens before the end, after
-        the in-memory checkpoint the server took 4 tokens before the end, so parking costs
-        ~2 tokens of evaluation (the end of the messages, 5 tokens before the end, would
+        they part where the reply starts; one token less, since that last shared token may be
+        whitespace the real reply merges into. On Qwen3.5 that is 3 tokens before the end,
+        after the in-memory checkpoint the server took 4 tokens before the end, so parking
+        costs ~1 token of evaluation (the end of the messages, 5 tokens before the end, would
         fall before that checkpoint and cost a whole ubatch: 511 tokens measured).
         """
         as_sent = self.planner.tokens_of(self.client, data, head=head, deadline=deadline)
@@ -457,6 +458,8 @@ class Preparer:
         shown = self.planner.tokens_of(self.client, next_turn, head=head, deadline=deadline)
         n = next((i for i, (a, b) in enumerate(zip(as_sent, shown, strict=False)) if a != b),
                  min(len(as_sent), len(shown)))
+        n -= 1  # the last shared token may be whitespace the real reply's text merges into (measured:
+        # OpenCode's next turn re-tokenized `assistant\n` + its reply with another last token)
         if n < len(as_sent) - GENERATION_PROMPT_MAX:
             raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
         return as_sent[:n]

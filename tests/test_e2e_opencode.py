@@ -91,8 +91,9 @@ class Daemon:
         return data
 
 
-def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi") -> str:
-    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}"], cwd=project, env=env,
+def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi", *,
+                 more: tuple[str, ...] = ()) -> str:
+    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more], cwd=project, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"opencode failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -178,3 +179,73 @@ def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home:
 
 def server_requests(log: Path) -> int:
     return log.read_text(errors="replace").count("stop processing")
+
+
+SUBAGENT = Path(__file__).parent / "data" / "opencode-1.18.33-subagent"
+LONG_PROMPT = " ".join(
+    f"Step {i}: read the module that handles refunds, list every function that computes an amount, "
+    f"and note which of them round to cents before summing." for i in range(30))
+
+
+def replay_subagent(daemon: Daemon, server_url: str) -> list[dict[str, Any]]:
+    """OpenCode's `general` subagent, as captured (its two requests), sent the way the plugin
+    sends them: prepare, the request, report. The tiny model never calls the task tool, so
+    the real binary cannot spawn one here; its traffic is what matters to the slot."""
+    answers = []
+    for name in ("0003-POST-v1_chat_completions.json", "0004-POST-v1_chat_completions.json"):
+        captured = json.loads((SUBAGENT / name).read_text())
+        body = captured["body_json"]
+        headers = {k.lower(): v for k, v in captured["headers"] if k.lower() in
+                   ("user-agent", "x-session-id", "x-session-affinity", "x-parent-session-id")}
+        raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        answer = httpx.post(f"{daemon.url}/v1/prepare", content=raw, timeout=300,
+                            headers={**headers, "content-type": "application/json"}).json()
+        sent = {**body, "max_tokens": 4, "stream": False}
+        sent.pop("stream_options", None)
+        timings = httpx.post(f"{server_url}/v1/chat/completions", json=sent, timeout=300).json()["timings"]
+        httpx.post(f"{daemon.url}/v1/report", timeout=30, json={
+            "fingerprint": answer["fingerprint"], "cache_n": timings["cache_n"], "prompt_n": timings["prompt_n"],
+            "predicted_n": timings["predicted_n"], "prepare_id": answer["prepare_id"]})
+        answers.append(answer)
+    return answers
+
+
+def test_a_subagent_between_two_turns_and_the_parent_comes_back_from_its_park(
+        llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path) -> None:
+    """The real OpenCode: a first turn with a long user message, then a subagent (another
+    head: fewer tools) takes the slot, then `opencode run --continue`: the parent's next
+    request is restored from its park and processes only what the turn added."""
+    server = llama_server("qwen35", ctx_size=32768, extra_args=(
+        "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics"))
+    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+           "OC_PREFIX_CACHE_BASE_URL": server.url,
+           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
+    installed = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server.url, "--model", MODEL,
+         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
+        env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert installed.returncode == 0, installed.stderr
+    daemon = Daemon(env, server.url, tmp_path / "daemon.log")
+    daemon.start()
+    project = tmp_path / "projA"
+    project.mkdir()
+    (project / "AGENTS.md").write_text("# Project A\nUse tabs.\n")
+    try:
+        run_opencode(opencode_bin, env, project, LONG_PROMPT)
+        first = last_main_prepare(daemon)
+        report1 = wait_for_report(daemon, None)
+        assert first["action"] == "warmed", first
+
+        sub_first, _ = replay_subagent(daemon, server.url)
+        assert "parked the slot's conversation first" in sub_first["reason"], sub_first
+
+        run_opencode(opencode_bin, env, project, "and which ones round?", more=("--continue",))
+        back = last_main_prepare(daemon)
+        report2 = wait_for_report(daemon, report1)
+        assert back["action"] == "restored" and back["source"] == "park", back
+        assert report2["cache_n"] >= back["prefix_tokens"], (back, report2)
+        assert report2["prompt_n"] < 200, report2  # the new user message and the turn markup only
+        print(f"\nparent back from its park: {report2['cache_n']} reused, {report2['prompt_n']} processed")
+    finally:
+        daemon.stop()
