@@ -7,8 +7,12 @@ names the URL and, where we know it, the fix.
 
 from __future__ import annotations
 
+import http.client
+import json
+import threading
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -65,9 +69,18 @@ class SlotClient:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or Timeouts()
         self._http = httpx.Client(base_url=self.base_url, transport=transport)
+        parts = urlsplit(self.base_url)
+        # The hit path's one call, GET /slots, over a kept-alive http.client connection per
+        # thread: 0.19 ms p50 against httpx's 0.45 ms (measured on loopback). Plain http only,
+        # and not when a transport is given (tests count calls through it).
+        self._fast = (parts.hostname or "", parts.port or 80) if parts.scheme == "http" and transport is None else None
+        self._local = threading.local()
 
     def close(self) -> None:
         self._http.close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:  # other threads' connections close with their sockets' owners
+            conn.close()
 
     def __enter__(self) -> SlotClient:
         return self
@@ -86,9 +99,12 @@ class SlotClient:
         return self._json("GET", "/props", timeout=self._within(self.timeouts.quick, deadline, "read /props"))
 
     def slots(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
-        response = self._call("GET", "/slots", timeout=self._within(self.timeouts.quick, deadline, "read /slots"))
+        timeout = self._within(self.timeouts.quick, deadline, "read /slots")
         try:
-            data = response.json()
+            if self._fast is not None:
+                data = json.loads(self._get_fast("/slots", timeout))
+            else:
+                data = self._call("GET", "/slots", timeout=timeout).json()
         except ValueError as exc:
             raise ServerError(f"{self.base_url}/slots answered with invalid JSON") from exc
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
@@ -194,6 +210,43 @@ class SlotClient:
         body = {"filename": filename} if filename is not None else {}
         timeout = self._changing(self.timeouts.slot_io, deadline, f"{action} slot {slot}")
         return self._json("POST", f"/slots/{slot}", params={"action": action}, json=body, timeout=timeout)
+
+    def _get_fast(self, path: str, timeout: float) -> bytes:
+        """GET over this thread's kept-alive connection; one retry on a fresh one (the server
+        closes idle connections after 5 s). Errors are translated as in ``_call``."""
+        assert self._fast is not None
+        for attempt in (1, 2):
+            conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = http.client.HTTPConnection(*self._fast, timeout=min(timeout, self.timeouts.connect))
+                self._local.conn = conn
+            try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                else:
+                    conn.connect()
+                    assert conn.sock is not None
+                    conn.sock.settimeout(timeout)
+                conn.request("GET", path)
+                response = conn.getresponse()
+                body = response.read()
+            except TimeoutError as exc:
+                conn.close()
+                self._local.conn = None
+                raise ServerTimeout(f"{self.base_url}{path} did not answer within {timeout:g} s") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise ServerUnreachable(f"cannot reach llama-server at {self.base_url}{path}: {exc}") from exc
+                continue
+            if response.status == 503:
+                raise ServerUnreachable(f"llama-server at {self.base_url} is still loading the model")
+            if response.status >= 400:
+                raise ServerHTTPError(f"GET {self.base_url}{path} -> HTTP {response.status}: {body[:300]!r}",
+                                      status=response.status)
+            return body
+        raise AssertionError("unreachable")
 
     # -- the one translation boundary ----------------------------------------------------
     @staticmethod

@@ -28,8 +28,11 @@ FAST = Timeouts(connect=0.5, quick=0.5, probe=1.0, prefill=60.0, slot_io=1.0)
 
 
 def make_preparer(url: str, timeouts: Timeouts = FAST) -> Preparer:
+    """A Preparer whose every call goes through httpx, so respx can stand in for the server
+    (the client's own fast GET /slots path is tested on real sockets below)."""
     settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
-    return Preparer(settings=settings, client=SlotClient(url, timeouts=timeouts),
+    client = SlotClient(url, timeouts=timeouts, transport=httpx.HTTPTransport())
+    return Preparer(settings=settings, client=client,
                     store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
 
 
@@ -137,3 +140,30 @@ def test_the_restart_watch_survives_garbage_slots_answers(answer: bytes) -> None
     with respx.mock(base_url=url) as mock:
         mock.get("/slots").respond(200, content=answer)
         preparer.watch()  # must not raise: the daemon's watcher thread would die
+
+
+def test_the_fast_slots_call_is_bounded_and_translated(hung_server: str) -> None:
+    """GET /slots (the hit path's one call) goes over http.client; hung and refused servers
+    must still give the client's own errors, within the bound."""
+    from oc_prefix_cache.errors import ServerTimeout, ServerUnreachable
+
+    started = time.monotonic()
+    with pytest.raises(ServerTimeout, match="did not answer within"):
+        SlotClient(hung_server, timeouts=FAST).slots()
+    assert time.monotonic() - started < 2.0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ServerUnreachable, match="cannot reach llama-server"):
+        SlotClient(f"http://127.0.0.1:{port}", timeouts=FAST).slots()
+
+
+@pytest.mark.rig
+def test_the_fast_slots_call_survives_a_server_restart(llama_server) -> None:
+    """Its kept-alive connection dies with the server; the next call reconnects."""
+    server = llama_server("qwen3", slot_dir=None)
+    client = SlotClient(server.url)
+    assert client.slots()[0]["id"] == 0
+    server.restart()
+    assert client.slots()[0]["id"] == 0
+    client.close()
