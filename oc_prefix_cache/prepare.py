@@ -18,7 +18,6 @@ conversation or, on a miss, makes ocpc prove the file again (never rebuild it).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -39,13 +38,14 @@ from .executor import Contended, Done, Executor, GateFailed, Prefix
 from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
 from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of, message_text
-from .parks import Park, end_of_day, find_park, park_key, project_entry, project_key
+from .parking import Parker
+from .parks import Park, find_park, project_entry, project_key
 from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner
 from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import slot_filename
-from .store import Entry, Index, Store, UsageLog, slot_key
+from .store import Index, Store, UsageLog, slot_key
 from .tracker import Holding, Observation, Seen, SlotTracker
 
 log = logging.getLogger("ocpc.prepare")
@@ -54,10 +54,6 @@ ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
-#: The template's generation prompt (``<|im_start|>assistant\n<think>\n``: 5 tokens on Qwen) is
-#: what a request has beyond its messages; a slot whose last request exceeds the rendered
-#: messages by more than this does not hold what ocpc would park.
-GENERATION_PROMPT_MAX = 64
 
 
 @dataclass
@@ -131,6 +127,7 @@ class Preparer:
         self.usage = UsageLog(store)
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
                                  on_saved=lambda: self._schedule(self._collect_garbage))
+        self.parker = Parker(client=client, planner=self.planner, executor=self.executor, tracker=self.tracker)
         self.server_binary = server_binary
         self.stats = Stats()
         self._runtime = runtime  # how `ocpc launch` started the server, when it did
@@ -420,82 +417,22 @@ class Preparer:
 
     def _save_project(self, plan: HeadPlan, loaded: _Loaded, slot: int, seen: Seen, *, key: str,
                       server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
-        """Extend the head to this project's whole system prompt and save it (once a day per
-        project): later sessions of the project then process only their user message. A
-        failure here costs nothing: the head is in place either way."""
-        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
-                      server_build=server.build, harness=plan.harness, identity=identity, head=plan.fingerprint,
-                      expires=end_of_day(time.time()))
-        try:
-            done = self.executor.save_prefix(slot, Prefix("proj", key, plan.project), entry, epoch=seen.epoch,
-                                             deadline=deadline)
-        except OcpcError as exc:
-            log.warning("could not save the project head %s (the head is in place): %s", key, exc)
+        done = self.parker.save_project(plan, slot, seen, key=key, server=server, identity=identity,
+                                        deadline=deadline)
+        if done is None:
             return loaded
-        reason = f"{loaded.done.reason}; {done.reason}"
-        return _Loaded(Done(loaded.done.action, reason, True, plan.project), Prefix("proj", key, plan.project),
-                       len(plan.project), slot_filename(key, "proj"), loaded.source)
-
-    def _park_point(self, data: dict[str, Any], *, head: str, sent: int, deadline: Deadline) -> tuple[int, ...]:
-        """Where to park a conversation whose last request was ``data``: the longest token
-        prefix of that request that its next request will strictly extend.
-
-        The next request re-renders the end of this one: the generation prompt
-        (``<|im_start|>assistant\n<think>\n``) becomes the assistant's reply. So render the
-        request as sent and as a next turn would (a reply appended, no generation prompt);
-        they part where the reply starts; one token less, since that last shared token may be
-        whitespace the real reply merges into. On Qwen3.5 that is 3 tokens before the end,
-        after the in-memory checkpoint the server took 4 tokens before the end, so parking
-        costs ~1 token of evaluation (the end of the messages, 5 tokens before the end, would
-        fall before that checkpoint and cost a whole ubatch: 511 tokens measured).
-        """
-        as_sent = self.planner.tokens_of(self.client, data, head=head, deadline=deadline)
-        if len(as_sent) != sent:
-            raise OcpcError(f"the slot's last request rendered to {len(as_sent)} tokens, {sent} ran")
-        messages = list(data.get("messages") or [])
-        next_turn = {**data, "messages": [*messages, {"role": "assistant", "content": "ok"}],
-                     "add_generation_prompt": False}
-        shown = self.planner.tokens_of(self.client, next_turn, head=head, deadline=deadline)
-        n = next((i for i, (a, b) in enumerate(zip(as_sent, shown, strict=False)) if a != b),
-                 min(len(as_sent), len(shown)))
-        n -= 1  # the last shared token may be whitespace the real reply's text merges into (measured:
-        # OpenCode's next turn re-tokenized `assistant\n` + its reply with another last token)
-        if n < len(as_sent) - GENERATION_PROMPT_MAX:
-            raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
-        return as_sent[:n]
+        return _Loaded(Done(loaded.done.action, f"{loaded.done.reason}; {done.reason}", True, plan.project),
+                       Prefix("proj", key, plan.project), len(plan.project), slot_filename(key, "proj"), loaded.source)
 
     def _park_occupant(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
                        deadline: Deadline) -> Seen:
-        """Park the conversation the slot holds before it is displaced; raise if it cannot be
-        parked (the caller then leaves the slot as it is: what ocpc displaces, it parks first).
-        Returns the slot as it is now: holding exactly the park."""
-        holding, trail = seen.holding, seen.trail
-        if holding is None or trail is None:
-            raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
-                            "the slot is left as it is")
         try:
-            tokens = self._park_point(json.loads(trail.text), head=holding.head, sent=holding.n_tokens,
-                                      deadline=deadline)
-        except (ValueError, OcpcError) as exc:
-            raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "
-                            "the slot is left as it is") from exc
-        key = park_key(identity=identity, conversation=holding.conversation)
-        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
-                      server_build=server.build, harness="", identity=identity, head=holding.head,
-                      session=trail.session, chain=list(trail.digests))
-        try:
-            done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
-                                             deadline=deadline)
-        except OcpcError as exc:
+            after = self.parker.park(seen, slot, server=server, identity=identity, deadline=deadline)
+        except OcpcError:
             self._count("park_failed")
-            raise OcpcError(f"could not park the slot's conversation ({exc}); the slot is left as it is") from exc
+            raise
         self._count("parked")
-        log.info("parked %s (slot %d): %s", holding.conversation, slot, done.reason)
-        parked = Holding(kind="conv", key=key, head=holding.head, n_tokens=len(done.tokens), exact=True,
-                         left=self.executor.observe(slot, deadline=deadline), conversation=holding.conversation,
-                         stored=len(done.tokens))
-        self.tracker.leave(self.server, slot, parked, trail=trail, epoch=seen.epoch)
-        return replace(seen, now=parked.left, holding=parked)
+        return after
 
     def _holding_after(self, loaded: _Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
                        deadline: Deadline) -> Holding:

@@ -1,0 +1,122 @@
+"""Parking a conversation and saving a project head: the prefixes longer than a head.
+
+A slot restore or erase replaces what the slot holds without the server stashing it, so
+before ocpc displaces a conversation it can vouch for, it parks it: the slot is brought to
+exactly the prefix the conversation's next request will strictly extend, and saved as
+``oc-conv-<key>.bin``. A project head is the head extended to the end of the system text,
+saved once a day per project as ``oc-proj-<key>.bin``. Both through the executor, behind
+the same save checks as heads; the decision of *when* is decision.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from .deadline import Deadline
+from .errors import OcpcError
+from .executor import Done, Executor, Prefix
+from .fingerprint import ServerIdentity
+from .parks import end_of_day, park_key
+from .planner import HeadPlan, HeadPlanner
+from .slot_client import SlotClient
+from .store import Entry
+from .tracker import Holding, Seen, SlotTracker
+
+log = logging.getLogger("ocpc.parking")
+
+#: The template's generation prompt (``<|im_start|>assistant\n<think>\n``: 5 tokens on Qwen) is
+#: what a request has beyond its messages; a park point further back than this from the end
+#: of the last request means the template re-renders the conversation itself: not parked.
+GENERATION_PROMPT_MAX = 64
+
+
+class Parker:
+    """Thread-safe (stateless beyond its collaborators); callers hold the slot."""
+
+    def __init__(self, *, client: SlotClient, planner: HeadPlanner, executor: Executor,
+                 tracker: SlotTracker) -> None:
+        self.client = client
+        self.planner = planner
+        self.executor = executor
+        self.tracker = tracker
+        self.server = client.base_url.rstrip("/")
+
+    def save_project(self, plan: HeadPlan, slot: int, seen: Seen, *, key: str, server: ServerIdentity,
+                     identity: str, deadline: Deadline) -> Done | None:
+        """Extend the head to this project's whole system prompt and save it (once a day per
+        project): later sessions of the project then process only their user message. A
+        failure here costs nothing: the head is in place either way."""
+        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
+                      server_build=server.build, harness=plan.harness, identity=identity, head=plan.fingerprint,
+                      expires=end_of_day(time.time()))
+        try:
+            done = self.executor.save_prefix(slot, Prefix("proj", key, plan.project), entry, epoch=seen.epoch,
+                                             deadline=deadline)
+        except OcpcError as exc:
+            log.warning("could not save the project head %s (the head is in place): %s", key, exc)
+            return None
+        return done
+
+    def park_point(self, data: dict[str, Any], *, head: str, sent: int, deadline: Deadline) -> tuple[int, ...]:
+        """Where to park a conversation whose last request was ``data``: the longest token
+        prefix of that request that its next request will strictly extend.
+
+        The next request re-renders the end of this one: the generation prompt
+        (``<|im_start|>assistant\n<think>\n``) becomes the assistant's reply. So render the
+        request as sent and as a next turn would (a reply appended, no generation prompt);
+        they part where the reply starts; one token less, since that last shared token may be
+        whitespace the real reply merges into. On Qwen3.5 that is 3 tokens before the end,
+        after the in-memory checkpoint the server took 4 tokens before the end, so parking
+        costs ~1 token of evaluation (the end of the messages, 5 tokens before the end, would
+        fall before that checkpoint and cost a whole ubatch: 511 tokens measured).
+        """
+        as_sent = self.planner.tokens_of(self.client, data, head=head, deadline=deadline)
+        if len(as_sent) != sent:
+            raise OcpcError(f"the slot's last request rendered to {len(as_sent)} tokens, {sent} ran")
+        messages = list(data.get("messages") or [])
+        next_turn = {**data, "messages": [*messages, {"role": "assistant", "content": "ok"}],
+                     "add_generation_prompt": False}
+        shown = self.planner.tokens_of(self.client, next_turn, head=head, deadline=deadline)
+        n = next((i for i, (a, b) in enumerate(zip(as_sent, shown, strict=False)) if a != b),
+                 min(len(as_sent), len(shown)))
+        n -= 1  # the last shared token may be whitespace the real reply's text merges into (measured:
+        # OpenCode's next turn re-tokenized `assistant\n` + its reply with another last token)
+        if n < len(as_sent) - GENERATION_PROMPT_MAX:
+            raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
+        return as_sent[:n]
+
+    def park(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
+                       deadline: Deadline) -> Seen:
+        """Park the conversation the slot holds before it is displaced; raise if it cannot be
+        parked (the caller then leaves the slot as it is: what ocpc displaces, it parks first).
+        Returns the slot as it is now: holding exactly the park."""
+        holding, trail = seen.holding, seen.trail
+        if holding is None or trail is None:
+            raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
+                            "the slot is left as it is")
+        try:
+            tokens = self.park_point(json.loads(trail.text), head=holding.head, sent=holding.n_tokens,
+                                      deadline=deadline)
+        except (ValueError, OcpcError) as exc:
+            raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "
+                            "the slot is left as it is") from exc
+        key = park_key(identity=identity, conversation=holding.conversation)
+        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
+                      server_build=server.build, harness="", identity=identity, head=holding.head,
+                      session=trail.session, chain=list(trail.digests))
+        try:
+            done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
+                                             deadline=deadline)
+        except OcpcError as exc:
+            raise OcpcError(f"could not park the slot's conversation ({exc}); the slot is left as it is") from exc
+        log.info("parked %s (slot %d): %s", holding.conversation, slot, done.reason)
+        parked = Holding(kind="conv", key=key, head=holding.head, n_tokens=len(done.tokens), exact=True,
+                         left=self.executor.observe(slot, deadline=deadline), conversation=holding.conversation,
+                         stored=len(done.tokens))
+        self.tracker.leave(self.server, slot, parked, trail=trail, epoch=seen.epoch)
+        return replace(seen, now=parked.left, holding=parked)
+
