@@ -163,7 +163,8 @@ class Proxied:
     """An in-process `ocpc proxy` (uvicorn in a thread), as `ocpc launch` runs it."""
 
     def __init__(self, upstream: str, home: Path) -> None:
-        from oc_prefix_cache.proxy import Proxy, ProxyServer, build_preparer
+        from oc_prefix_cache.proxy import Proxy
+        from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
         from oc_prefix_cache.settings import Settings
 
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home)})

@@ -171,7 +171,8 @@ def proxy(
     """Serve llama-server's API on loopback with the prepare path in front (Claude Code, pi, others):
     point the agent's base URL here (docs/proxy.md)."""
     from .logs import setup_logging
-    from .proxy import Proxy, ProxyServer, build_preparer
+    from .proxy import Proxy
+    from .proxy_server import ProxyServer, build_preparer
 
     with edge():
         settings = Settings.from_env()

@@ -35,7 +35,7 @@ from .server_info import runtime_path
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .proxy import ProxyServer
+    from .proxy_server import ProxyServer
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,8 @@ def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None
     A proxy that cannot start (its port taken) is reported and left out: the server and the daemon
     OpenCode uses go on without it.
     """
-    from .proxy import Proxy, ProxyServer
+    from .proxy import Proxy
+    from .proxy_server import ProxyServer
 
     try:
         proxy = ProxyServer(Proxy(settings=settings, preparer=daemon.preparer))

@@ -33,11 +33,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,32 +46,36 @@ import xxhash
 
 from . import __version__
 from .affinity import AffinityTable, Want, choose
-from .anthropic import StreamTranslator, TranslationError, to_chat, to_message, upstream_body
+from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_body
 from .deadline import Deadline
-from .errors import ConfigError, LockTimeout, OcpcError
+from .errors import LockTimeout, OcpcError
 from .harness import Adapter, GenericAdapter, Incoming, select
 from .head import MAX_BODY_BYTES, Head
 from .prepare import Preparer, PrepareResult
+from .relay import (
+    HOP_BY_HOP,
+    ClientGone,
+    Learned,
+    Receive,
+    Scope,
+    Send,
+    Watcher,
+    headers_of,
+    learn,
+    path_of,
+    read_body,
+    rest,
+    translated_whole,
+    upstream_headers,
+)
 from .settings import ADAPTER_NAMES, LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
 from .tracker import SlotHold, SlotTracker
 
 log = logging.getLogger("ocpc.proxy")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 API_PATHS = {"/v1/chat/completions": "openai", "/chat/completions": "openai", "/v1/messages": "anthropic"}
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
 TAIL_BYTES = 64 * 1024  # the end of an answer, kept to read its timings from
-_DECODER = json.JSONDecoder()
-
-
-class _ClientGone(Exception):
-    """The client went away before its request was read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,15 +104,6 @@ class Plan:
     adapter: str = ""
     rule: str = ""  # the affinity rule that chose the slot
     ready_ms: float = 0.0  # from the request's arrival to its forward (parse, slot, prepare)
-
-
-@dataclass
-class Learned:
-    """What the answer said about reuse."""
-
-    cache_n: int | None = None
-    prompt_n: int | None = None
-    predicted_n: int | None = None
 
 
 @dataclass
@@ -160,17 +154,17 @@ class Proxy:
         if scope["type"] != "http":
             return
         api = API_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
-        headers = _headers(scope)
+        headers = headers_of(scope)
         self.counters.add("requests")
         try:
             if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
                 await self._status(headers, send)
             elif api is None:
                 self.counters.add("passed_through")
-                await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=None)
+                await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=None)
             else:
                 await self._api(scope, receive, send, api=api, headers=headers)
-        except _ClientGone:
+        except ClientGone:
             self.counters.add("client_disconnected")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -205,17 +199,17 @@ class Proxy:
     # -- chat requests -------------------------------------------------------------------
     async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
         arrived = time.perf_counter()
-        raw, complete = await _read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
+        raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
         if not complete:  # too big to prepare: stream it through as it comes, never a 413
             self.counters.add("not_prepared:oversized")
-            await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=_rest(raw, receive))
+            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=rest(raw, receive))
             return
         refusal = self._refusal(headers)
         if refusal:
             self.counters.add(f"not_prepared:{refusal}")
-            await self._relay(scope, receive, send, headers=headers, path=_path(scope), body=raw)
+            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=raw)
             return
-        planning = self._pool.submit(self._plan, api, headers, raw, _path(scope))
+        planning = self._pool.submit(self._plan, api, headers, raw, path_of(scope))
         try:
             plan = await asyncio.wrap_future(planning)
         except asyncio.CancelledError:  # shutting down mid-prepare: the slot it takes is given back
@@ -224,7 +218,7 @@ class Proxy:
         except Exception as exc:  # a bug of ours: the request goes on unchanged
             log.exception("planning a request failed; forwarding it unchanged")
             self.counters.add("fail_open:internal")
-            plan = Plan(path=_path(scope), body=raw, why_not=f"internal error: {exc}")
+            plan = Plan(path=path_of(scope), body=raw, why_not=f"internal error: {exc}")
         plan.ready_ms = (time.perf_counter() - arrived) * 1000
         learned: Learned | None = None
         try:
@@ -381,10 +375,10 @@ class Proxy:
     # -- forwarding ----------------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str],
                        plan: Plan) -> Learned | None:
-        sent = _upstream_headers(headers, identity=True)
+        sent = upstream_headers(headers, identity=True)
         if plan.translate:
             sent["content-type"] = "application/json"
-        watcher = _Watcher(receive)
+        watcher = Watcher(receive)
         try:
             return await watcher.run(self._stream(scope, send, method="POST", path=plan.path, headers=sent,
                                                   body=plan.body, plan=plan))
@@ -396,15 +390,15 @@ class Proxy:
                      body: bytes | AsyncIterator[bytes] | None) -> None:
         """Pass a request through unchanged (its body as read so far, or the rest as it comes)."""
         if body is None:
-            raw, complete = await _read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
-            body = raw if complete else _rest(raw, receive)
+            raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
+            body = raw if complete else rest(raw, receive)
         streamed = not isinstance(body, bytes)
-        watcher = _Watcher(receive, after=streamed)
+        watcher = Watcher(receive, after=streamed)
         if streamed:
             body = watcher.track(body)  # type: ignore[arg-type]
         try:
             await watcher.run(self._stream(scope, send, method=scope["method"], path=path,
-                                           headers=_upstream_headers(headers, identity=False), body=body, plan=None))
+                                           headers=upstream_headers(headers, identity=False), body=body, plan=None))
         finally:
             if watcher.gone:
                 self.counters.add("client_disconnected")
@@ -475,9 +469,9 @@ class Proxy:
         if translator is not None:
             last = translator.close()
         elif whole:
-            last = _translated_whole(bytes(tail))
+            last = translated_whole(bytes(tail))
         await send({"type": "http.response.body", "body": last, "more_body": False})
-        return _learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
+        return learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
 
     async def _upstream_failed(self, send: Send, exc: BaseException) -> None:
         """The server is down, refused or did not answer in time: say so, as a gateway does."""
@@ -508,105 +502,6 @@ class Proxy:
         return self._client
 
 
-class _Watcher:
-    """Runs the forward and cancels it when the client goes away (``http.disconnect``).
-
-    The request body must be read before anyone else calls ``receive``: with a streamed body
-    (``after=True``) the watch starts once ``track`` has seen its end.
-    """
-
-    def __init__(self, receive: Receive, *, after: bool = False) -> None:
-        self._receive = receive
-        self._body_done = asyncio.Event()
-        if not after:
-            self._body_done.set()
-        self.gone = False
-
-    async def track(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        async for chunk in body:
-            yield chunk
-        self._body_done.set()
-
-    async def run(self, work: Awaitable[Learned | None]) -> Learned | None:
-        task = asyncio.ensure_future(work)
-        watch = asyncio.ensure_future(self._watch())
-        try:
-            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():  # the client went away (or we were cancelled): cancel upstream
-                self.gone = watch.done() and not watch.cancelled()
-                task.cancel()
-            watch.cancel()
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if self.gone:
-                log.info("client went away; upstream request cancelled")
-                return None
-            raise
-        except OSError:  # uvicorn's ClientDisconnected: a send after the client left
-            self.gone = True
-            log.info("client went away mid-answer; upstream request closed")
-            return None
-
-    async def _watch(self) -> None:
-        await self._body_done.wait()
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                return  # (after a complete answer uvicorn says the same: only counts while the task runs)
-
-
-async def _read_body(receive: Receive, *, limit: int, declared: str | None) -> tuple[bytes, bool]:
-    """The body, and whether it ended within ``limit`` (else: what was read, for ``_rest``)."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return b"", False
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone()
-        part = message.get("body", b"")
-        parts.append(part)
-        size += len(part)
-        if not message.get("more_body", False):
-            return b"".join(parts), True
-        if size > limit:
-            return b"".join(parts), False
-
-
-async def _rest(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def _path(scope: Scope) -> str:
-    query: bytes = scope.get("query_string") or b""
-    raw: bytes = scope.get("raw_path") or scope["path"].encode()
-    return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-
-
-def _upstream_headers(headers: dict[str, str], *, identity: bool) -> dict[str, str]:
-    """The client's headers minus hop-by-hop ones; ``identity``: an uncompressed answer, which
-    the proxy reads (any client accepts identity)."""
-    out = {k: v for k, v in headers.items() if k not in HOP_BY_HOP}
-    if identity:
-        out.pop("accept-encoding", None)
-    return out
-
-
 def _dump(data: Any) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -630,116 +525,3 @@ def _chain_key(chat: dict[str, Any]) -> str:
 
 def _head_key(head: Head) -> str:
     return xxhash.xxh64_hexdigest(f"{head.model}\0{head.tools_json}\0{head.system_head}".encode())
-
-
-def _translated_whole(raw: bytes) -> bytes:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw
-    return _dump(to_message(data)) if isinstance(data, dict) else raw
-
-
-def _learn(tail: bytes) -> Learned | None:
-    """The reuse numbers of an answer: its last ``timings`` object (a stream's final chunk has it;
-    a whole answer has one). Found by position, so a long answer costs no parse of its text."""
-    at = tail.rfind(b'"timings":')
-    if at < 0:
-        return None
-    try:
-        timings, _ = _DECODER.raw_decode(tail[at + len(b'"timings":'):].decode(errors="replace").lstrip())
-    except ValueError:
-        return None
-    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        return Learned(cache_n=timings["cache_n"], prompt_n=timings.get("prompt_n"),
-                       predicted_n=timings.get("predicted_n"))
-    return None
-
-
-# -- running it ------------------------------------------------------------------------------
-
-
-def build_preparer(settings: Settings, *, server_url: str, tracker: SlotTracker | None = None) -> Preparer:
-    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead)."""
-    from .daemon import Background
-    from .server_info import port_of, read_runtime
-    from .store import Store
-
-    port = port_of(server_url)
-    background = Background()
-    return Preparer(settings=settings, client=SlotClient(server_url),
-                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
-                    tracker=tracker or SlotTracker(lock_dir=settings.home), schedule=background.submit,
-                    runtime=read_runtime(settings, port) if port else None)
-
-
-class ProxyServer:
-    """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
-
-    def __init__(self, proxy: Proxy, *, host: str = "127.0.0.1", port: int | None = None,
-                 watch: bool = False) -> None:
-        """``watch``: run the preparer's between-requests watch (restarts, usage written to the index)
-        every second, as the daemon does; for a proxy that runs without the daemon's."""
-        import uvicorn
-
-        if host not in LOOPBACK_HOSTS:
-            raise ConfigError(f"--host {host!r}: the proxy listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
-        port = proxy.settings.proxy_port if port is None else port
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (else Nagle holds back
-        # the last small write of an answer for a delayed ACK, ~40 ms)
-        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.socket.bind((host, port))
-        except OSError as exc:
-            self.socket.close()
-            raise ConfigError(f"the proxy cannot listen on {host}:{port}: {exc.strerror or exc}; "
-                              "stop what uses it or pick another --port (OC_PREFIX_CACHE_PROXY_PORT)") from exc
-        self.socket.listen(512)
-        bound = self.socket.getsockname()[1]
-        self.url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
-        proxy.own_origins = proxy.own_origins | {self.url, f"http://localhost:{bound}"}
-        self.proxy = proxy
-        config = uvicorn.Config(proxy, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=3, server_header=False, date_header=False)
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="ocpc-proxy-watch", daemon=True) if watch else None
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(1.0):
-            try:
-                self.proxy.preparer.watch()
-            except Exception:  # the watcher must outlive any surprise
-                log.exception("the preparer's watch failed; trying again")
-
-    def serve_forever(self) -> None:
-        log.info("ocpc proxy %s on %s for llama-server %s", __version__, self.url, self.proxy.server)
-        if self._watcher is not None and not self._watcher.is_alive():
-            self._watcher.start()
-        try:
-            self._server.run(sockets=[self.socket])
-        finally:
-            self._stopping.set()
-            self.proxy.close()
-            if self._watcher is not None:
-                self.proxy.preparer.flush_usage()
-
-    def start(self) -> None:
-        """Serve in a background thread (``ocpc launch``, tests); returns once it accepts."""
-        self._thread = threading.Thread(target=self.serve_forever, name="ocpc-proxy", daemon=True)
-        self._thread.start()
-        for _ in range(200):
-            if self._server.started or not self._thread.is_alive():
-                break
-            time.sleep(0.01)
-        if not self._server.started:
-            raise ConfigError(f"the proxy on {self.url} did not start; see the log")
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.socket.close()

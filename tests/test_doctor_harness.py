@@ -22,7 +22,7 @@ from oc_prefix_cache.cli import app
 from oc_prefix_cache.install import claude_code, pi
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.proxy import Proxy as ProxyApp
-from oc_prefix_cache.proxy import ProxyServer, build_preparer
+from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
 from oc_prefix_cache.settings import Settings
 
 runner = CliRunner()

@@ -17,7 +17,8 @@ import pytest
 
 from oc_prefix_cache.head import MAX_BODY_BYTES
 from oc_prefix_cache.prepare import Preparer, PrepareResult
-from oc_prefix_cache.proxy import Bounds, Proxy, ProxyServer, build_preparer
+from oc_prefix_cache.proxy import Bounds, Proxy
+from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
 from oc_prefix_cache.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
