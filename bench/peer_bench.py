@@ -72,6 +72,7 @@ from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.rig import ensure_rig
 from oc_prefix_cache.settings import Settings
+from oc_prefix_cache.slotfile import FILE_RE
 from oc_prefix_cache.tinymodels import ensure_model
 
 HEARTH_VERSION = "0.1.1"
@@ -254,7 +255,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
             except (OSError, OcpcError) as exc:  # keep stopping the others
                 print(f"warning: stopping {arm.name}: {exc}", file=sys.stderr)
     digests = {hashlib.sha256(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12] for t in talks.values()}
-    ocpc_files = list((work / "ocpc-home" / "slots").glob("oc-prefix-*.bin"))
+    ocpc_files = [p for p in (work / "ocpc-home" / "slots").iterdir() if FILE_RE.fullmatch(p.name)]  # every kind
     def clean(row: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in row.items() if k not in ("headers", "reply")}
     return {"cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},

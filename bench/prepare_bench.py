@@ -22,8 +22,12 @@
      context (the docstring of ``synthetic_session`` says how and why).
 
 Targets (issue 9): hit-path prepare p50 <= 2 ms over HTTP with both conversations, and
-under 2 ms in-process for the 0.5 MB one; after a restart, ocpc's prepare plus the tail's
-prefill within 2x of the server's bare restore plus the same tail prefill.
+under 2 ms in-process for the 0.5 MB one; after a restart, ocpc within 2x of the server's
+bare restore of the head file plus the same request. That one is measured end to end, as
+a fifth arm of each round (restart, restore the head file with the slot API, send the
+request): ocpc now restores more than the head (a project head, built once per project),
+and does part of that work inside its prepare, so "prepare + tail prefill" against
+"restore + tail prefill" would compare different tails.
 
     .venv/bin/python bench/prepare_bench.py            # full run, both tiny models, 3 sizes, 5 rounds
     .venv/bin/python bench/prepare_bench.py --smoke    # CI: short, proves it still runs
@@ -55,7 +59,7 @@ from rich.table import Table
 
 from oc_prefix_cache.conversation import parse
 from oc_prefix_cache.demo import (
-    CASES, COLD, RESTART, UA, Bodies, Sample, Spread, Stage, load_average, prepare_over_http,
+    CASES, COLD, FIRST, RESTART, UA, Bodies, Sample, Spread, Stage, load_average, prepare_over_http,
     report_over_http, restart_fresh, run_round, server_threads, summarize, timed_chat,
 )
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
@@ -63,6 +67,7 @@ from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.rig import Rig, ensure_rig
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.slotfile import slot_filename
 from oc_prefix_cache.tinymodels import ensure_model
 
 CAPTURES = Path(__file__).resolve().parent.parent / "tests" / "data" / "opencode-1.18.33"
@@ -297,28 +302,46 @@ def hit_latency(stage: Stage, session: Session, calls: int) -> dict[str, Any]:
 
 
 # -- first requests, in rounds -------------------------------------------------------------------
+def bare_restore(stage: Stage, head_file: str, raw: bytes) -> dict[str, float]:
+    """A restart without ocpc's prepare: the server restarted, the shared head file restored
+    with the slot API as it is (no gates, no project head), then the same request."""
+    stage.server.restart()
+    with SlotClient(stage.server.url) as client:
+        started = time.perf_counter()
+        client.restore(0, head_file)
+        restore_ms = (time.perf_counter() - started) * 1000
+    timing = timed_chat(stage.http, stage.server.url, raw)
+    return {"restore_ms": restore_ms, "request_ms": timing.wall_ms, "total_ms": restore_ms + timing.wall_ms,
+            "prompt_n": timing.prompt_n, "cache_n": timing.cache_n}
+
+
 def bench_size(stage: Stage, size: str, rounds: int, say: Any) -> dict[str, Any]:
+    """Rounds of the demo's four cases, each followed by a bare restore (the target's side)."""
     bodies = Bodies(first=capture(PROJ_A, size), other=capture(PROJ_B, size))
     samples: list[Sample] = []
-    targets: list[dict[str, float]] = []
+    bare: list[dict[str, float]] = []
     for index in range(rounds):
         done = run_round(stage, index, bodies, say)
         samples += done
-        restart = next(s for s in done if s.case == RESTART)
-        with SlotClient(stage.server.url) as client:  # the server's bare restore of that very file
-            restore_ms = float(client.restore(0, f"oc-prefix-{restart.fingerprint}.bin")["timings"]["restore_ms"])
-        # Server work: ocpc's prepare (restore and gates) plus the tail's prefill, against
-        # 2 x (the bare restore + the same tail prefill).
-        targets.append({"ocpc_ms": restart.prepare_ms + restart.prompt_ms,
-                        "target_ms": 2 * (restore_ms + restart.prompt_ms), "restore_ms": restore_ms})
+        first = next(s for s in done if s.case == FIRST)
+        say(f"round {index + 1}: bare restore of the head file after a restart, then the same request")
+        bare.append(bare_restore(stage, slot_filename(first.fingerprint), bodies.other))
+    restarts = [s for s in samples if s.case == RESTART]
+    # End to end, both after a restart: ocpc's prepare + the request, against 2 x (the bare
+    # restore of the head file + the same request). Whatever ocpc does in its prepare (the
+    # gates, a project head) counts on its side; whatever it saves the request counts too.
+    ratios = [b["total_ms"] / s.total_ms for b, s in zip(bare, restarts, strict=True)]
     rows = summarize(samples)
     return {"rows": [row.to_json() for row in rows], "order": [s.case for s in samples],
-            "samples": [asdict(s) | {"total_ms": s.total_ms} for s in samples],
-            "head_tokens": int(statistics.median(s.head_tokens for s in samples if s.case == RESTART)),
-            "restart_target": {"ocpc_ms": Spread.of([t["ocpc_ms"] for t in targets]).to_json(),
-                               "target_ms": Spread.of([t["target_ms"] for t in targets]).to_json(),
-                               "met_rounds": sum(t["ocpc_ms"] <= t["target_ms"] for t in targets),
-                               "rounds": len(targets)}}
+            "samples": [asdict(s) | {"total_ms": s.total_ms} for s in samples], "bare": bare,
+            "head_tokens": int(statistics.median(s.head_tokens for s in restarts)),
+            "restart_target": {"ocpc_ms": Spread.of([s.total_ms for s in restarts]).to_json(),
+                               "bare_ms": Spread.of([b["total_ms"] for b in bare]).to_json(),
+                               "bare_vs_ocpc": Spread.of(ratios).to_json(),
+                               "bare_cache_n": int(statistics.median(b["cache_n"] for b in bare)),
+                               "met_rounds": sum(s.total_ms <= 2 * b["total_ms"] for b, s in zip(bare, restarts,
+                                                                                                   strict=True)),
+                               "rounds": len(restarts)}}
 
 
 def bench_model(label: str, binary: Path, model: Path, work: Path, *, sizes: list[str], rounds: int, calls: int,
@@ -367,16 +390,18 @@ def render(results: dict[str, Any], console: Console) -> None:
                               _ms(row["prepare_ms"]), _ms(row["request_ms"]), _ms(row["total_ms"]),
                               _ratio(row["vs_cold"]))
             console.print(table)
-        targets = Table(title=f"{label}: targets (issue 9)")
-        for column in ("head", "head tokens", "after restart: prepare + tail prefill ms",
-                       "2 x (restore + tail prefill) ms", "met", "hit HTTP p50 / p99 ms", "in-process p50 / p99 ms"):
+        targets = Table(title=f"{label}: targets (issue 9)", caption=(
+            "after restart, end to end: ocpc's prepare + the request vs the server's bare restore of the head "
+            "file + the same request (target: within 2x); median (range) over rounds"))
+        for column in ("head", "head tokens", "ocpc after restart ms", "bare restore + request ms", "bare / ocpc",
+                       "met", "hit HTTP p50 / p99 ms", "in-process p50 / p99 ms", "HTTP floor p50 ms"):
             targets.add_column(column, justify="left" if column == "head" else "right")
         for size, sized in res["sizes"].items():
             t, hit = sized["restart_target"], sized["hit"]
-            targets.add_row(f"~{size}", f"{sized['head_tokens']:,}", _ms(t["ocpc_ms"]), _ms(t["target_ms"]),
-                            f"{t['met_rounds']}/{t['rounds']} rounds",
+            targets.add_row(f"~{size}", f"{sized['head_tokens']:,}", _ms(t["ocpc_ms"]), _ms(t["bare_ms"]),
+                            _ratio(t["bare_vs_ocpc"]), f"{t['met_rounds']}/{t['rounds']} rounds",
                             f"{hit['http_p50_ms']:.2f} / {hit['http_p99_ms']:.2f}",
-                            f"{hit['inproc_p50_ms']:.2f} / {hit['inproc_p99_ms']:.2f}")
+                            f"{hit['inproc_p50_ms']:.2f} / {hit['inproc_p99_ms']:.2f}", f"{hit['floor_p50_ms']:.2f}")
         console.print(targets)
         lines = []
         for size, sized in res["sizes"].items():

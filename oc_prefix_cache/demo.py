@@ -359,7 +359,8 @@ def render_demo(data: dict[str, Any], model_name: str, out: Console) -> None:
     out.print(table)
     head, load = data["headline"], data["load_average"]
     speed = head["speedup"]
-    out.print(f"after a server restart: {head['fewer_tokens']:.0f}x fewer prompt tokens, "
+    cold, restart = data["rows"][0], data["rows"][-1]
+    out.print(f"after a server restart: {restart['prompt_n']:,} of {cold['prompt_n']:,} prompt tokens processed, "
               f"{speed['median']:.1f}x faster than cold ({speed['low']:.1f}-{speed['high']:.1f}x over "
               f"{speed['n']} rounds; load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end; "
               f"llama-server -t {data.get('server_threads') or '?'})", soft_wrap=True)
