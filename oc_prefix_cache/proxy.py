@@ -36,12 +36,12 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from urllib.parse import urlsplit
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import xxhash
 
 from . import __version__
@@ -71,6 +71,7 @@ from .relay import (
 from .settings import ADAPTER_NAMES, LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
 from .tracker import SlotHold, SlotTracker
+from .upstream import Answer, Upstream, UpstreamError, UpstreamStale
 
 log = logging.getLogger("ocpc.proxy")
 
@@ -138,7 +139,7 @@ class Proxy:
         # the deadlines ran out)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-prepare")
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
-        self._client: httpx.AsyncClient | None = None
+        self._client: Upstream | None = None
         self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
         self._slots_client = SlotClient(self.server)
         self._generic = GenericAdapter(markers=settings.markers)
@@ -405,22 +406,20 @@ class Proxy:
 
     async def _stream(self, scope: Scope, send: Send, *, method: str, path: str, headers: dict[str, str],
                       body: bytes | AsyncIterator[bytes], plan: Plan | None) -> Learned | None:
-        client = self._http()
-        timeout = httpx.Timeout(self.bounds.connect_s, read=None, write=60.0, pool=self.bounds.connect_s).as_dict()
+        upstream = self._http()
+        sent = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         for attempt in (1, 2):
-            request = httpx.Request(method, self.server + path, headers=headers, content=body)
-            request.extensions["timeout"] = timeout
             try:
                 async with asyncio.timeout(self.bounds.headers_s):
-                    response = await client.send(request, stream=True)
+                    response = await upstream.send(method, path, headers=sent, body=body)
                 break
-            except httpx.RemoteProtocolError as exc:  # a kept-alive connection the server had closed
+            except UpstreamStale as exc:  # a kept-alive connection the server had closed
                 if attempt == 1 and isinstance(body, bytes):
                     log.info("llama-server closed an idle connection as it was reused (%s); sending again", exc)
                     continue
                 await self._upstream_failed(send, exc)
                 return None
-            except (httpx.HTTPError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 await self._upstream_failed(send, exc)
                 return None
         try:
@@ -428,11 +427,10 @@ class Proxy:
         finally:
             await response.aclose()
 
-    async def _answer(self, send: Send, response: httpx.Response, plan: Plan | None) -> Learned | None:
+    async def _answer(self, send: Send, response: Answer, plan: Plan | None) -> Learned | None:
         translate = plan is not None and plan.translate and response.status_code == 200
         dropped = HOP_BY_HOP - {"content-length"} | ({"content-type", "content-length"} if translate else set())
-        out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
-                       if k.lower() not in dropped]
+        out_headers = [(k, v) for k, v in response.headers if k.decode("latin-1").lower() not in dropped]
         if translate:
             kind = b"text/event-stream" if plan and plan.stream else b"application/json; charset=utf-8"
             out_headers.append((b"content-type", kind))
@@ -440,14 +438,14 @@ class Proxy:
         translator = StreamTranslator() if translate and plan and plan.stream else None
         whole = translate and not (plan and plan.stream)
         tail = bytearray()
-        chunks = response.aiter_raw()
+        chunks = response.chunks()
         while True:
             try:
                 async with asyncio.timeout(self.bounds.chunk_gap_s):
                     chunk = await anext(chunks)
             except StopAsyncIteration:
                 break
-            except (httpx.HTTPError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 self.counters.add("upstream_failed:mid_answer")
                 log.warning("upstream answer broke off (%s: %s)", type(exc).__name__, exc)
                 if translator is not None:
@@ -475,7 +473,7 @@ class Proxy:
 
     async def _upstream_failed(self, send: Send, exc: BaseException) -> None:
         """The server is down, refused or did not answer in time: say so, as a gateway does."""
-        timeout = isinstance(exc, (TimeoutError, httpx.TimeoutException))
+        timeout = isinstance(exc, TimeoutError)
         status = 504 if timeout else 502
         self.counters.add("upstream_failed:timeout" if timeout else "upstream_failed:unreachable")
         what = (f"llama-server at {self.server} did not answer within {self.bounds.headers_s:g} s" if timeout
@@ -495,10 +493,12 @@ class Proxy:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> Upstream:
         if self._client is None:
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
-                                             timeout=None, trust_env=False)
+            parts = urlsplit(self.server)
+            if parts.scheme != "http" or not parts.hostname:
+                raise OcpcError(f"the proxy forwards to a plain http llama-server on this machine, not {self.server}")
+            self._client = Upstream(parts.hostname, parts.port or 80, connect_s=self.bounds.connect_s)
         return self._client
 
 
