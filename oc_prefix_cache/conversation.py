@@ -3,9 +3,10 @@
 A coding agent re-sends the whole conversation on every turn: a 100k-token session is a
 0.5 MB body, and parsing plus hashing all of it costs more than the 2 ms a turn may
 spend here. But a next turn is the previous body with messages appended and everything
-else (model, tools, options) unchanged, so it is recognised with string compares: the
-text up to the end of the previous ``messages`` is the same, the text after it is the
-same, and what lies between parses as the new messages. Only those are parsed and hashed.
+else (model, tools, options) unchanged, so it is recognised with byte compares: the
+bytes up to the end of the previous ``messages`` are the same, the bytes after it are the
+same, and what lies between parses as the new messages. Only those are decoded, parsed
+and hashed (a message's digest is of its exact UTF-8 bytes either way).
 
 The slow path (a new session, or a body that is not a plain extension) parses the body
 once with the same scanner, which also yields where ``messages`` ends and one digest per
@@ -43,16 +44,17 @@ class ParsedBody:
 
 @dataclass(frozen=True)
 class Trail:
-    """The last body a conversation sent: enough to recognise its next turn."""
+    """The last body a conversation sent, as bytes: enough to recognise its next turn."""
 
-    text: str
-    msg_end: int
+    raw: bytes
+    msg_end: int  # byte offset of the ']' that closes "messages"
     digests: tuple[str, ...]
     session: str
 
     @classmethod
     def of(cls, body: ParsedBody, *, session: str) -> Trail:
-        return cls(text=body.text, msg_end=body.msg_end, digests=body.digests, session=session)
+        raw = body.text.encode()
+        return cls(raw=raw, msg_end=len(body.text[: body.msg_end].encode()), digests=body.digests, session=session)
 
 
 def parse(text: str) -> ParsedBody:
@@ -89,26 +91,35 @@ def parse(text: str) -> ParsedBody:
     return ParsedBody(data=data, text=text, msg_end=msg_end, digests=digests)
 
 
-def follow(trail: Trail, text: str) -> tuple[str, ...] | None:
-    """The message digests of ``text`` if it is ``trail``'s conversation gone on, else None.
+def follow(trail: Trail, raw: bytes) -> Trail | None:
+    """The trail of ``raw`` if it is ``trail``'s conversation gone on, else None.
 
-    Cost: two compares of the previous body's length, plus parsing the appended messages.
+    Cost: two byte compares of the previous body's length (memcmp; no decode of the whole
+    body: a single non-ASCII character makes a decoded 0.5 MB body a 2 MB string), then
+    decoding and parsing only the appended messages.
     """
-    head, tail = trail.text[: trail.msg_end], trail.text[trail.msg_end:]
-    if len(text) < len(trail.text) or not text.startswith(head) or not text.endswith(tail):
+    head, tail = trail.raw[: trail.msg_end], trail.raw[trail.msg_end:]
+    if len(raw) < len(trail.raw) or not raw.startswith(head) or not raw.endswith(tail):
         return None
-    middle = text[trail.msg_end: len(text) - len(tail)].strip(_WS)
-    if not middle:
-        return trail.digests
-    if trail.digests:
-        if not middle.startswith(","):
-            return None
-        middle = middle[1:]
+    end = len(raw) - len(tail)
     try:
-        _, added, end, _ = _messages("[" + middle + "]", 0)
-    except BadRequestBody:
+        middle = raw[trail.msg_end: end].decode("utf-8").strip(_WS)
+    except UnicodeDecodeError:
         return None
-    return trail.digests + added if end == len(middle) + 1 else None
+    digests = trail.digests
+    if middle:
+        if trail.digests:
+            if not middle.startswith(","):
+                return None
+            middle = middle[1:]
+        try:
+            _, added, close, _ = _messages("[" + middle + "]", 0)
+        except BadRequestBody:
+            return None
+        if close != len(middle) + 1:
+            return None
+        digests = trail.digests + added
+    return Trail(raw=raw, msg_end=end, digests=digests, session=trail.session)
 
 
 def digest(text: str) -> str:

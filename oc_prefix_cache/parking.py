@@ -99,7 +99,7 @@ class Parker:
             raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
                             "the slot is left as it is")
         try:
-            tokens = self.park_point(json.loads(trail.text), head=holding.head, sent=holding.n_tokens,
+            tokens = self.park_point(json.loads(trail.raw), head=holding.head, sent=holding.n_tokens,
                                       deadline=deadline)
         except (ValueError, OcpcError) as exc:
             raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "

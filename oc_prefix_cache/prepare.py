@@ -271,13 +271,13 @@ class Preparer:
                  head_of: HeadRule) -> PrepareResult:
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
+        hit = self._same_conversation(raw, session, slot, deadline)
+        if hit is not None:
+            return hit
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BadRequestBody(f"body is not UTF-8 JSON ({exc})") from exc
-        hit = self._same_conversation(text, session, slot, deadline)
-        if hit is not None:
-            return hit
         parsed = parse(text)
         body = from_parsed(parsed)
         head = head_of(body.data)
@@ -334,7 +334,7 @@ class Preparer:
                             epoch=seen.epoch, conversation=conversation, file=loaded.file, split=plan.split,
                             tools_in_head=plan.tools_in_head, stored=holding.stored, source=loaded.source)
 
-    def _same_conversation(self, text: str, session: str, slot: int,
+    def _same_conversation(self, raw: bytes, session: str, slot: int,
                            deadline: Deadline) -> PrepareResult | None:
         """The hit path: the slot's conversation gone on, and the slot still holds it.
 
@@ -344,16 +344,15 @@ class Preparer:
         seen_trail = self.tracker.trail(self.server, slot)
         if seen_trail is None or (session and seen_trail.session and session != seen_trail.session):
             return None
-        digests = follow(seen_trail, text)
-        if digests is None:
+        trail = follow(seen_trail, raw)
+        if trail is None:
             return None
+        trail = replace(trail, session=session)
         seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
         holding = seen.holding
-        conversation = session or _chain_id(digests)
+        conversation = session or _chain_id(trail.digests)
         if seen.restarted or holding is None or holding.conversation != conversation:
             return None
-        trail = Trail(text=text, msg_end=len(text) - (len(seen_trail.text) - seen_trail.msg_end),
-                      digests=digests, session=session)
         self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
         self.usage.note(holding.head)  # the head under the conversation must not age out
         return self._answer("hit", holding.head, holding.n_tokens, "same conversation: the slot still holds it",

@@ -19,35 +19,40 @@ def text(name: str) -> str:
     return capture_bytes(name).decode()
 
 
+def digests_after(trail: Trail, body: str) -> tuple[str, ...] | None:
+    followed = follow(trail, body.encode())
+    return None if followed is None else followed.digests
+
+
 def test_a_next_turn_is_recognised_from_its_text_and_yields_every_digest() -> None:
     first, second = parse(text(PROJ_A)), parse(text(PROJ_A_TURN2))
-    assert follow(Trail.of(first, session="s"), text(PROJ_A_TURN2)) == second.digests
+    assert digests_after(Trail.of(first, session="s"), text(PROJ_A_TURN2)) == second.digests
     assert second.digests[:2] == first.digests
 
 
 def test_other_projects_and_earlier_turns_are_not_a_continuation() -> None:
     first = Trail.of(parse(text(PROJ_A)), session="s")
-    assert follow(first, text(PROJ_B)) is None
-    assert follow(Trail.of(parse(text(PROJ_A_TURN2)), session="s"), text(PROJ_A)) is None
+    assert digests_after(first, text(PROJ_B)) is None
+    assert digests_after(Trail.of(parse(text(PROJ_A_TURN2)), session="s"), text(PROJ_A)) is None
 
 
 def test_a_changed_tool_or_model_after_the_messages_is_not_a_continuation() -> None:
     first = Trail.of(parse(text(PROJ_A)), session="s")
     data = json.loads(text(PROJ_A_TURN2))
     data["tools"] = data["tools"][:3]
-    assert follow(first, json.dumps(data, ensure_ascii=False, separators=(",", ":"))) is None
+    assert digests_after(first, json.dumps(data, ensure_ascii=False, separators=(",", ":"))) is None
 
 
 def test_the_same_body_again_is_the_same_conversation() -> None:
     first = parse(text(PROJ_A))
-    assert follow(Trail.of(first, session="s"), text(PROJ_A)) == first.digests
+    assert digests_after(Trail.of(first, session="s"), text(PROJ_A)) == first.digests
 
 
 def test_garbage_between_the_messages_is_not_taken() -> None:
     raw = text(PROJ_A)
     first = parse(raw)
     forged = raw[: first.msg_end] + ',{"role":"user","content":"x"} , nope' + raw[first.msg_end:]
-    assert follow(Trail.of(first, session="s"), forged) is None
+    assert digests_after(Trail.of(first, session="s"), forged) is None
 
 
 def test_parse_matches_json_and_reports_clear_errors() -> None:
@@ -73,8 +78,7 @@ def test_follow_agrees_with_a_full_parse(first: list, added: list, separators: t
         return json.dumps(data, ensure_ascii=False, separators=separators)
 
     old, new = parse(body(first)), body(first + added)
-    digests = follow(Trail.of(old, session=""), new)
-    assert digests == parse(new).digests
+    assert digests_after(Trail.of(old, session=""), new) == parse(new).digests
 
 
 def observation(task: int | None, tokens: int | None = 100) -> Observation:
