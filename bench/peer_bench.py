@@ -23,7 +23,10 @@ goes first after a restart:
    row, and its N turns (each appends the arm's own reply as the assistant message and
    a new user message, as OpenCode does) give table 2;
 3. every server restarts again, then the same session's turn N+1 (hearth's design case:
-   resuming a conversation).
+   resuming a conversation). The ocpc arm's restart is the graceful one `ocpc launch` does
+   on SIGTERM (and `ocpc park` in the systemd unit's ExecStop): the live conversation is
+   parked before the server stops (its time is reported, not part of any request), so the
+   resumed turn is restored from that park.
 
 Requests are OpenCode's captured bodies, non-streaming, ``max_tokens: 1`` and
 ``temperature: 0``: wall time is the time to the first (only) token. prompt_n/cache_n
@@ -137,6 +140,11 @@ class Arm:
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         return self.chat(self.server.url, body)
 
+    def restart(self) -> float:
+        """Restart the server; returns the ms spent before the stop (nothing here)."""
+        self.server.restart()
+        return 0.0
+
 
 class OcpcArm(Arm):
     def __init__(self, binary: Path, model: Path, work: Path) -> None:
@@ -158,6 +166,16 @@ class OcpcArm(Arm):
                 self.daemon.stop()
         finally:
             super().stop()
+
+    def restart(self) -> float:
+        """A graceful restart, as `ocpc launch` does on SIGTERM (and `ocpc park` in the systemd
+        unit's ExecStop): the live conversation is parked before the server stops."""
+        assert self.daemon is not None
+        started = time.perf_counter()
+        self.http.post(f"{self.daemon.url}/v1/park", json={"timeout_s": 10}, timeout=30).raise_for_status()
+        parked_ms = (time.perf_counter() - started) * 1000
+        self.server.restart()
+        return parked_ms
 
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         assert self.daemon is not None
@@ -232,7 +250,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
         for name, arm in in_turn(0):
             cases[CASES[0]][name] = arm.send(json.loads(opencode_body("B")), "ses_warmup")
         for _, arm in in_turn(1):
-            arm.server.restart()
+            arm.restart()
         talks = {name: json.loads(opencode_body("A")) for name in ARMS}
         for k in range(1, turns + 1):
             for name, arm in in_turn(k + 1):
@@ -242,8 +260,11 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
                                             {"role": "user", "content": user_turn(k + 1)}]
         for name in ARMS:
             cases[CASES[1]][name] = per_turn[name][0]
-        for _, arm in in_turn(turns + 2):
-            arm.server.restart()
+        park_ms = 0.0
+        for name, arm in in_turn(turns + 2):
+            spent = arm.restart()
+            if name == "ocpc":
+                park_ms = spent
         time.sleep(1.5)  # a user comes back a while later; the same for every arm
         for name, arm in in_turn(turns + 3):
             cases[CASES[2]][name] = arm.send(talks[name], "ses_bench")
@@ -260,7 +281,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
         return {k: v for k, v in row.items() if k not in ("headers", "reply")}
     return {"cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},
             "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()}, "order": order,
-            "bodies_identical": len(digests) == 1, "hearth_stats": hearth_stats,
+            "bodies_identical": len(digests) == 1, "hearth_stats": hearth_stats, "ocpc_park_before_stop_ms": park_ms,
             "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
                      "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]}}
 
