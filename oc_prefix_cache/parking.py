@@ -21,7 +21,7 @@ from .errors import OcpcError
 from .executor import Done, Executor, Prefix
 from .fingerprint import ServerIdentity
 from .parks import end_of_day, park_key
-from .planner import HeadPlan, HeadPlanner
+from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .slot_client import SlotClient
 from .store import Entry
 from .tracker import Holding, Seen, SlotTracker
@@ -61,7 +61,8 @@ class Parker:
             return None
         return done
 
-    def park_point(self, data: dict[str, Any], *, head: str, sent: int, deadline: Deadline) -> tuple[int, ...]:
+    def park_point(self, data: dict[str, Any], *, head: str, sent: int,
+                   deadline: Deadline) -> tuple[tuple[int, ...], KnownPrefix | None]:
         """Where to park a conversation whose last request was ``data``: the longest token
         prefix of that request that its next request will strictly extend.
 
@@ -74,7 +75,7 @@ class Parker:
         costs ~1 token of evaluation (the end of the messages, 5 tokens before the end, would
         fall before that checkpoint and cost a whole ubatch: 511 tokens measured).
         """
-        as_sent = self.planner.tokens_of(self.client, data, head=head, deadline=deadline)
+        prompt, as_sent = self.planner.rendered(self.client, data, head=head, deadline=deadline)
         if len(as_sent) != sent:
             raise OcpcError(f"the slot's last request rendered to {len(as_sent)} tokens, {sent} ran")
         messages = list(data.get("messages") or [])
@@ -87,7 +88,7 @@ class Parker:
         # OpenCode's next turn re-tokenized `assistant\n` + its reply with another last token)
         if n < len(as_sent) - GENERATION_PROMPT_MAX:
             raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
-        return as_sent[:n]
+        return as_sent[:n], self.planner.text_of(self.client, prompt, as_sent[:n], head=head, deadline=deadline)
 
     def park(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
                        deadline: Deadline) -> Seen:
@@ -99,15 +100,16 @@ class Parker:
             raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
                             "the slot is left as it is")
         try:
-            tokens = self.park_point(json.loads(trail.raw), head=holding.head, sent=holding.n_tokens,
-                                      deadline=deadline)
+            tokens, text = self.park_point(json.loads(trail.raw), head=holding.head, sent=holding.n_tokens,
+                                           deadline=deadline)
         except (ValueError, OcpcError) as exc:
             raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "
                             "the slot is left as it is") from exc
         key = park_key(identity=identity, conversation=holding.conversation)
         entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
                       server_build=server.build, harness="", identity=identity, head=holding.head,
-                      session=trail.session, chain=list(trail.digests))
+                      session=trail.session, chain=list(trail.digests), text_chars=text.chars if text else 0,
+                      text_xxh64=text.text_xxh64 if text else "")
         try:
             done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
                                              deadline=deadline)

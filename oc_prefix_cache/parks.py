@@ -33,6 +33,8 @@ class Park:
     session: str
     chain: tuple[str, ...]  # digests of the messages the park covers
     head: str
+    text_chars: int = 0  # characters of the rendered prompt it covers (0: unknown)
+    text_xxh64: str = ""
 
 
 def park_key(*, identity: str, conversation: str) -> str:
@@ -65,7 +67,7 @@ def find_park(index: Index, *, identity: str, session: str, digests: tuple[str, 
         return None
     _, _, key, entry = best
     return Park(key=key, n_tokens=entry.prefix_tokens, session=entry.session, chain=tuple(entry.chain),
-                head=entry.head)
+                head=entry.head, text_chars=entry.text_chars, text_xxh64=entry.text_xxh64)
 
 
 def project_entry(index: Index, key: str, *, now: float) -> Entry | None:

@@ -64,6 +64,16 @@ class HeadPlan:
 
 
 @dataclass(frozen=True)
+class KnownPrefix:
+    """A prefix longer than the head whose rendered text and tokens are known (a park): a
+    request whose rendering starts with that text tokenizes only what follows it."""
+
+    chars: int
+    text_xxh64: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class _KnownHead:
     tokens: tuple[int, ...]
     chars: int  # characters of the rendered prompt the tokens cover
@@ -81,8 +91,11 @@ class HeadPlanner:
         self._max = max_heads
 
     def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
-             harness: str, deadline: Deadline | None = None, system_text: str | None = None) -> HeadPlan:
-        """``system_text``: the first system message's text, to cut a project head too."""
+             harness: str, deadline: Deadline | None = None, system_text: str | None = None,
+             longer: KnownPrefix | None = None) -> HeadPlan:
+        """``system_text``: the first system message's text, to cut a project head too.
+        ``longer``: a known longer prefix of this request (its park): when the rendering starts
+        with its text, only the text after it is tokenized (a long conversation resumed)."""
         prompt = client.apply_template(body, deadline=deadline)
         offset = locate_head(prompt, head)
         if offset is None:
@@ -92,8 +105,11 @@ class HeadPlanner:
         known = self._known(fp)
         split = known is not None and known.splittable
         if known is not None and split:
-            tail = client.tokenize(prompt[known.chars:], add_special=False, deadline=deadline)
-            tokens = known.tokens + tuple(tail)
+            chars, start = known.chars, known.tokens
+            if longer is not None and _starts_with(prompt, longer) and longer.tokens[: len(start)] == start:
+                chars, start = longer.chars, longer.tokens
+            tail = client.tokenize(prompt[chars:], add_special=False, deadline=deadline)
+            tokens = start + tuple(tail)
         else:
             known, tokens = self._learn(client, prompt, offset, deadline=deadline)
             self._remember(fp, known)
@@ -149,6 +165,10 @@ class HeadPlanner:
 
     def tokens_of(self, client: SlotClient, body: dict[str, object], *, head: str,
                   deadline: Deadline | None = None) -> tuple[int, ...]:
+        return self.rendered(client, body, head=head, deadline=deadline)[1]
+
+    def rendered(self, client: SlotClient, body: dict[str, object], *, head: str,
+                 deadline: Deadline | None = None) -> tuple[str, tuple[int, ...]]:
         """``body`` rendered (as given: e.g. without its generation prompt) and tokenized,
         reusing the tokens of its head ``head`` when known and splittable: a long conversation
         then costs the tokenization of its tail only."""
@@ -156,8 +176,21 @@ class HeadPlanner:
         known = self._known(head)
         if known is not None and known.splittable and known.text_digest == xxhash.xxh64_hexdigest(
                 prompt[: known.chars].encode()):
-            return known.tokens + tuple(client.tokenize(prompt[known.chars:], add_special=False, deadline=deadline))
-        return tuple(client.tokenize(prompt, add_special=True, deadline=deadline))
+            tail = client.tokenize(prompt[known.chars:], add_special=False, deadline=deadline)
+            return prompt, known.tokens + tuple(tail)
+        return prompt, tuple(client.tokenize(prompt, add_special=True, deadline=deadline))
+
+    def text_of(self, client: SlotClient, prompt: str, tokens: tuple[int, ...], *, head: str,
+                deadline: Deadline | None = None) -> KnownPrefix | None:
+        """``tokens`` (a prefix of ``prompt``'s tokens) as a ``KnownPrefix``: the known head's
+        text plus the detokenized rest, checked to be where ``prompt`` starts."""
+        known = self._known(head)
+        if known is None or tokens[: len(known.tokens)] != known.tokens:
+            return None
+        text = prompt[: known.chars] + client.detokenize(list(tokens[len(known.tokens):]), deadline=deadline)
+        if not prompt.startswith(text):
+            return None
+        return KnownPrefix(chars=len(text), text_xxh64=xxhash.xxh64_hexdigest(text.encode()), tokens=tokens)
 
     def _known(self, fp: str) -> _KnownHead | None:
         with self._guard:
@@ -176,6 +209,10 @@ class HeadPlanner:
     def __len__(self) -> int:
         with self._guard:
             return len(self._heads)
+
+
+def _starts_with(prompt: str, prefix: KnownPrefix) -> bool:
+    return len(prompt) > prefix.chars and xxhash.xxh64_hexdigest(prompt[: prefix.chars].encode()) == prefix.text_xxh64
 
 
 def first_tool_name(body: dict[str, object]) -> str:

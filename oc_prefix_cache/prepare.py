@@ -33,18 +33,18 @@ from . import __version__
 from .conversation import Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
-from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, StoreError
+from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, SlotFileError, StoreError
 from .executor import Contended, Done, Executor, GateFailed, Prefix
 from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
 from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of, message_text
 from .parking import Parker
 from .parks import Park, find_park, project_entry, project_key
-from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner
+from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner, KnownPrefix
 from .server_info import flag_value, gather_identity, server_argv
 from .settings import Settings
 from .slot_client import SlotClient
-from .slotfile import slot_filename
+from .slotfile import read_header, slot_filename
 from .store import Index, Store, UsageLog, slot_key
 from .tracker import Holding, Observation, Seen, SlotTracker
 
@@ -295,11 +295,11 @@ class Preparer:
         harness = harness_of(headers.get("user-agent", ""))
         continuing = any(m.get("role") == "assistant" for m in body.messages)
         system = message_text(body.messages[0]) if body.messages else None
-        plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
-                                 system_text=system)
         index = self._index()
         park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
             if continuing and index is not None else None
+        plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
+                                 system_text=system, longer=self._known_park(park))
         project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
             if plan.project else None
         trail = Trail.of(parsed, session=session)
@@ -465,6 +465,17 @@ class Preparer:
             trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
 
     # -- helpers -----------------------------------------------------------------------
+    def _known_park(self, park: Park | None) -> KnownPrefix | None:
+        """The park's text and tokens (its header, read without the server), so planning a long
+        conversation resumed from it tokenizes only what follows it; gated as ever after."""
+        if park is None or not park.text_chars:
+            return None
+        try:
+            header = read_header(self.settings.slot_dir / slot_filename(park.key, "conv"))
+        except SlotFileError:
+            return None  # the restore's own gate says why
+        return KnownPrefix(chars=park.text_chars, text_xxh64=park.text_xxh64, tokens=tuple(header.tokens))
+
     def _index(self) -> Index | None:
         try:
             return self.store.load()

@@ -178,6 +178,15 @@ class SlotClient:
             raise ServerError(f"{self.base_url}/tokenize returned no token list")
         return tokens
 
+    def detokenize(self, tokens: list[int], *, deadline: Deadline | None = None) -> str:
+        """The text of ``tokens``, special tokens included (as a prompt has them)."""
+        data = self._json("POST", "/detokenize", json={"tokens": tokens},
+                          timeout=self._within(self.timeouts.quick, deadline, "detokenize"))
+        content = data.get("content")
+        if not isinstance(content, str):
+            raise ServerError(f"{self.base_url}/detokenize returned no text")
+        return content
+
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self, tokens: list[int], *, slot: int, prefill: bool = False,
                  deadline: Deadline | None = None) -> Timings:

@@ -46,6 +46,8 @@ class Entry:
     session: str = ""  # conv: the conversation's session id, when the harness sends one
     chain: list[str] = field(default_factory=list)  # proj/conv: digests of the messages covered, in order
     expires: int = 0  # unix seconds after which the file is useless (proj: the end of its day); 0 never
+    text_chars: int = 0  # conv: characters of the rendered prompt its tokens cover (0: unknown)
+    text_xxh64: str = ""  # conv: digest of that text, so a request that starts with it tokenizes only the rest
 
 
 @dataclass
@@ -88,7 +90,7 @@ def _entry(raw: Any, fp: str, source: str) -> Entry:
     for name, kind in (("file", str), ("bytes", int), ("prefix_tokens", int), ("created", int),
                        ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str),
                        ("kind", str), ("identity", str), ("head", str), ("session", str), ("chain", list),
-                       ("expires", int)):
+                       ("expires", int), ("text_chars", int), ("text_xxh64", str)):
         value = getattr(entry, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise IndexCorrupt(f"{source}: entry {fp!r} has {name}={value!r}, expected {kind.__name__}")

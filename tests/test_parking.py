@@ -302,3 +302,33 @@ def test_a_restored_conversation_continues_as_the_same_request_cold(turns) -> No
                timeout=60).raise_for_status()
     fooled = _top_logprobs(server.url, nxt)
     assert _gap(fooled, cold) > SAME, (fooled[0], cold[0])
+
+
+def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> None:
+    """Planning a long conversation resumed from its park reuses the park's tokens (its text
+    is recorded with it) and tokenizes only the rest; the result equals tokenizing it whole."""
+    from oc_prefix_cache import __version__
+    from oc_prefix_cache.fingerprint import server_key
+    from oc_prefix_cache.head import extract_head, parse_body
+    from oc_prefix_cache.parks import find_park
+    from oc_prefix_cache.server_info import gather_identity
+
+    server, t = turns("qwen35")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    for conv in (parent, parent, parent, sub):
+        t.turn(conv)
+    nxt = parent.next_body()
+    body = parse_body(json.dumps(nxt).encode())
+    identity = gather_identity(t.client, binary=None, argv=t.preparer._server_argv())
+    park = find_park(t.preparer.store.load(), identity=server_key(identity, ocpc_version=__version__),
+                     session=parent.session, digests=body.digests)
+    assert park is not None and park.text_chars > 0, park
+    known = t.preparer._known_park(park)
+    assert known is not None and len(known.tokens) == park.n_tokens
+    head = extract_head(body, t.preparer.settings.markers)
+    assert not hasattr(head, "reason"), head
+    plan = t.preparer.planner.plan(t.client, body.data, head, server=identity,  # type: ignore[arg-type]
+                                   harness="opencode/1.18.33", longer=known)
+    whole = t.client.tokenize(plan.prompt, add_special=True)
+    assert list(plan.request_tokens) == whole
+    assert plan.request_tokens[: len(known.tokens)] == known.tokens
