@@ -111,6 +111,21 @@ class Executor:
         if prove or not self.tracker.proven(self.server, key):
             prove = True
             self._check_digest(prefix.key, path, deadline=deadline)
+        prove = prove or before.id_task is None  # see below: a task must follow a restore on a fresh server
+        if prefix.kind == "conv" and before.id_task is not None:
+            # A park is this conversation's own exact prefix, under this server's identity,
+            # checked token for token against the request and by digest: its reuse is proven
+            # by the real request itself (its report), so no probe. Only in a slot that ran a
+            # task before: a restore creates no task, and on a fresh server a slot that holds
+            # only a restore looks exactly like the empty slot of a restarted one; the probe's
+            # task is what tells them apart (the tracker's restart witness).
+            started = time.perf_counter()
+            try:
+                self.client.restore(slot, path.name, deadline=deadline)
+            except SlotRestoreFailed as exc:
+                raise GateFailed(str(exc)) from exc
+            return Done("restored", f"restored {_what(prefix.kind)} in {_ms(started)} ms ({gate.reason}; "
+                        "its reuse is proven by the request)", True, tokens)
         counter_before = self._prompt_counter(deadline) if prove else None
         started = time.perf_counter()
         try:

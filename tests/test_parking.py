@@ -332,3 +332,21 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
     whole = t.client.tokenize(plan.prompt, add_special=True)
     assert list(plan.request_tokens) == whole
     assert plan.request_tokens[: len(known.tokens)] == known.tokens
+
+
+def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_restart(turns) -> None:
+    """A restore runs no task: on a fresh server, a slot that holds only a restore looks like
+    the empty slot of a restarted server in /slots. So a restore there is always followed by
+    the probe's task; else a turn after an unreported request and a restart was a false hit."""
+    server, t = turns("qwen3")
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    for conv in (parent, parent, sub):
+        t.turn(conv)  # the parent is parked
+    nxt = parent.next_body()
+    raw = json.dumps(nxt, ensure_ascii=False, separators=(",", ":")).encode()
+    for _ in range(2):
+        server.restart()
+        result = t.preparer.prepare(raw, parent.headers())
+        assert result.action == "restored" and result.source == "park", result
+        chat(server.url, nxt)  # its report never comes (a plugin that failed, a client that left)
+    assert "gated" in result.reason
