@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import IndexCorrupt, StoreError
+from .process import pid_alive
 from .settings import Settings
 from .slotfile import DOCTOR_RE, PART_RE, fingerprint_of, kind_of, part_target
 from .store import Entry, Index, Store
@@ -45,7 +46,6 @@ GB = 10**9  # decimal, like disk vendors and df -H
 PART_MAX_AGE = HOUR  # a save in progress is never that old: its mtime moves as it is written
 DOCTOR_MAX_AGE = 600.0  # ocpc doctor deletes its probe within seconds; this one was left behind
 PROJ_ORPHAN_AGE = DAY  # a project head lives one day; without an entry nothing can use it
-MAX_PID = 1 << 22  # Linux pid_max's ceiling: a larger number in a name is no live process
 
 Action = Literal["keep", "delete"]
 Kind = Literal["head", "proj", "conv", "part", "doctor"]
@@ -358,21 +358,6 @@ def list_slot_dir(slot_dir: Path) -> list[DiskFile]:
             continue  # deleted while we listed it
         files.append(DiskFile(entry.name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode)))
     return files
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (even one we may not signal)."""
-    if pid <= 0 or pid > MAX_PID:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def run_gc(settings: Settings, *, dry_run: bool, now: float | None = None) -> GcPlan:

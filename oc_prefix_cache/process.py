@@ -22,6 +22,7 @@ import httpx
 from .errors import ProcessError
 
 PR_SET_PDEATHSIG = 1
+MAX_PID = 1 << 22  # Linux pid_max's ceiling: a larger number (say, in a file name) is no live process
 
 
 class State(enum.Enum):
@@ -147,3 +148,18 @@ def _term_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass  # not Linux: the signal handlers still stop the child
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (even one we may not signal)."""
+    if pid <= 0 or pid > MAX_PID:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True

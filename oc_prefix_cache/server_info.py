@@ -34,6 +34,7 @@ from .fingerprint import (
     model_file_identities,
 )
 from .gguf_meta import read_gguf_info
+from .process import pid_alive
 from .settings import Settings
 from .slot_client import SlotClient
 
@@ -306,7 +307,7 @@ def read_runtime(settings: Settings, port: int) -> dict[str, Any] | None:
         data = json.loads(runtime_path(settings, port).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("pid"), int) or not _alive(data["pid"]):
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int) or not pid_alive(data["pid"]):
         return None  # left by a launcher that died: its argv may no longer be the server's
     return data
 
@@ -320,16 +321,6 @@ def live_runtimes(settings: Settings) -> list[dict[str, Any]]:
         if data is not None and isinstance(data.get("url"), str):
             out.append(data)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- which server status and doctor talk about -----------------------------------------------

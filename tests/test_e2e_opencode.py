@@ -91,6 +91,20 @@ class Daemon:
         return data
 
 
+def installed_env(server_url: str) -> dict[str, str]:
+    """OpenCode's environment for a test (offline, no updates), after `ocpc install` into it."""
+    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+           "OC_PREFIX_CACHE_BASE_URL": server_url,
+           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
+    installed = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server_url, "--model", MODEL,
+         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
+        env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert installed.returncode == 0, installed.stderr
+    return env
+
+
 def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi", *,
                  more: tuple[str, ...] = ()) -> str:
     proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more], cwd=project, env=env,
@@ -116,15 +130,7 @@ def last_main_prepare(daemon: Daemon) -> dict[str, Any]:
 
 def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path) -> None:
     server = llama_server("qwen35", ctx_size=32768)
-    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
-           "OC_PREFIX_CACHE_BASE_URL": server.url,
-           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
-    installed = subprocess.run(
-        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server.url, "--model", MODEL,
-         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
-        env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert installed.returncode == 0, installed.stderr
+    env = installed_env(server.url)
     config = isolated_home / "config" / "opencode" / "opencode.json"
     assert "ocpc-plugin.js" in config.read_text()
 
@@ -217,15 +223,7 @@ def test_a_subagent_between_two_turns_and_the_parent_comes_back_from_its_park(
     request is restored from its park and processes only what the turn added."""
     server = llama_server("qwen35", ctx_size=32768, extra_args=(
         "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics"))
-    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
-           "OC_PREFIX_CACHE_BASE_URL": server.url,
-           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
-    installed = subprocess.run(
-        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server.url, "--model", MODEL,
-         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
-        env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert installed.returncode == 0, installed.stderr
+    env = installed_env(server.url)
     daemon = Daemon(env, server.url, tmp_path / "daemon.log")
     daemon.start()
     project = tmp_path / "projA"
