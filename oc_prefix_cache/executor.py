@@ -82,16 +82,18 @@ class Executor:
 
     # -- restore ---------------------------------------------------------------------------
     def restore_head(self, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
-                     deadline: Deadline) -> Done:
+                     deadline: Deadline, witnessed: bool = False) -> Done:
         return self.restore(Prefix("head", plan.fingerprint, plan.tokens), plan, slot, prove=prove, before=before,
-                            epoch=epoch, deadline=deadline)
+                            epoch=epoch, deadline=deadline, witnessed=witnessed)
 
     def restore(self, prefix: Prefix, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
-                deadline: Deadline) -> Done:
+                deadline: Deadline, witnessed: bool = False) -> Done:
         """Restore ``prefix``'s file behind the gates.
 
         Heads and project heads must hold exactly the planned tokens; a park holds whatever
         its conversation had reached, which must be a strict prefix of this request's tokens.
+        ``witnessed``: ocpc watches the server's process, so a restart is noticed without a
+        task in the slot (see below).
         """
         path = self.slot_dir / slot_filename(prefix.key, prefix.kind)
         try:
@@ -111,14 +113,16 @@ class Executor:
         if prove or not self.tracker.proven(self.server, key):
             prove = True
             self._check_digest(prefix.key, path, deadline=deadline)
-        prove = prove or before.id_task is None  # see below: a task must follow a restore on a fresh server
-        if prefix.kind == "conv" and before.id_task is not None:
+        # see below: without the process as witness, a task must follow a restore on a fresh server
+        fresh = before.id_task is None and not witnessed
+        prove = prove or fresh
+        if prefix.kind == "conv" and not fresh:
             # A park is this conversation's own exact prefix, under this server's identity,
             # checked token for token against the request and by digest: its reuse is proven
-            # by the real request itself (its report), so no probe. Only in a slot that ran a
-            # task before: a restore creates no task, and on a fresh server a slot that holds
-            # only a restore looks exactly like the empty slot of a restarted one; the probe's
-            # task is what tells them apart (the tracker's restart witness).
+            # by the real request itself (its report), so no probe. Unless the server is fresh
+            # and ocpc cannot watch its process: a restore creates no task, and then a slot that
+            # holds only a restore looks exactly like the empty slot of a restarted server; the
+            # probe's task is what tells them apart.
             started = time.perf_counter()
             try:
                 self.client.restore(slot, path.name, deadline=deadline)

@@ -41,7 +41,7 @@ from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parse
 from .parking import Parker
 from .parks import Park, find_park, project_entry, project_key
 from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner, KnownPrefix
-from .server_info import flag_value, gather_identity, server_argv
+from .server_info import flag_value, gather_identity, process_start, server_argv, server_process
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import read_header, slot_filename
@@ -208,8 +208,7 @@ class Preparer:
         """Between requests (the daemon calls this every second): notice restarts early,
         and write noted file uses to the index when due."""
         try:
-            now = self.executor.observe(self.settings.slot)
-            self.tracker.observe(self.server, self.settings.slot, now)
+            self._observe(self.settings.slot)
         except OcpcError:
             pass  # down or restarting: the next look tells
         if self.usage.due():
@@ -227,7 +226,7 @@ class Preparer:
             item: dict[str, Any] = {"slot": slot}
             try:
                 with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-                    seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
+                    seen = self._observe(slot, deadline=deadline)
                     holding = seen.holding
                     if seen.restarted or holding is None or holding.kind != "conv" or seen.trail is None:
                         item["parked"] = False
@@ -304,7 +303,7 @@ class Preparer:
             if plan.project else None
         trail = Trail.of(parsed, session=session)
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-            seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
+            seen = self._observe(slot, deadline=deadline)
             request = RequestFacts(
                 skip=None, conversation=conversation,
                 continues_slot=seen.trail is not None and _continues(seen.trail, trail), continuing=continuing,
@@ -348,7 +347,7 @@ class Preparer:
         if trail is None:
             return None
         trail = replace(trail, session=session)
-        seen = self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline))
+        seen = self._observe(slot, deadline=deadline)
         holding = seen.holding
         conversation = session or _chain_id(trail.digests)
         if seen.restarted or holding is None or holding.conversation != conversation:
@@ -378,7 +377,7 @@ class Preparer:
                 else Prefix("conv", park.key if park else "", ())
             try:
                 done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
-                                             epoch=seen.epoch, deadline=deadline)
+                                             epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
                 n = len(done.tokens) - (0 if done.exact else PROBE_TOKENS)
                 return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
                                Prefix(prefix.kind, prefix.key, done.tokens[:n]), n,
@@ -397,7 +396,7 @@ class Preparer:
         if action.kind == "restore":
             try:
                 done = self.executor.restore_head(plan, slot, prove=action.prove, before=seen.now,
-                                                  epoch=seen.epoch, deadline=deadline)
+                                                  epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
                 return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
                                head, len(plan.tokens), file, "head")
             except GateFailed as failure:
@@ -452,10 +451,10 @@ class Preparer:
         """After a served request: if the slot now holds what that request left (its prompt
         and reply), it holds the conversation, and its next turn may be a hit."""
         try:
-            now = self.executor.observe(record.slot)
+            seen = self._observe(record.slot)
         except OcpcError:
             return
-        seen = self.tracker.observe(self.server, record.slot, now)
+        now = seen.now
         if seen.restarted or seen.epoch != record.epoch or not now.after_request(prompt=prompt, generated=generated):
             self.tracker.forget(self.server, record.slot, "could not tie the slot's contents to the request")
             return
@@ -498,14 +497,28 @@ class Preparer:
         proof = (name, stat.st_size, stat.st_mtime_ns)
         return FileState.PROVEN if self.tracker.proven(self.server, proof) else FileState.PRESENT
 
+    def _observe(self, slot: int, *, deadline: Deadline | None = None) -> Seen:
+        """``GET /slots`` into the tracker, with the server process as a second restart witness
+        (reading /proc/PID/stat: microseconds)."""
+        process = self.tracker.process(self.server)
+        gone = process is not None and process_start(process[0]) != process[1]
+        return self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline),
+                                    process_gone=gone)
+
+    def _witnessed(self) -> bool:
+        """Whether ocpc watches the server's process (so a restore needs no task after it)."""
+        process = self.tracker.process(self.server)
+        return process is not None and process_start(process[0]) == process[1]
+
     def _server_argv(self) -> list[str] | None:
-        """The server's command line (for its KV-relevant flags), looked up once per process."""
+        """The server's command line (for its KV-relevant flags) and its process (the restart
+        witness), looked up once per server process."""
         known, argv = self.tracker.argv(self.server)
         if known:
             return argv
         epoch = self.tracker.epoch(self.server)
         argv = server_argv(self.server, runtime=self._runtime)
-        self.tracker.set_argv(self.server, argv, epoch=epoch)
+        self.tracker.set_argv(self.server, argv, epoch=epoch, process=server_process(self.server, runtime=self._runtime))
         return argv
 
     def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:

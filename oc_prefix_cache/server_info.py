@@ -147,6 +147,35 @@ def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str]
     return _absolute_files(full, cwd) if cwd is not None else full
 
 
+def server_process(url: str, *, runtime: dict[str, Any] | None = None) -> tuple[int, int] | None:
+    """The local llama-server process serving ``url``: (pid, start time in clock ticks), or None.
+
+    A restart always makes a new process, so while this pair is still alive the server has
+    not restarted, however its slots look (a fresh server's slot holding only a restore
+    looks like a restarted server's empty slot in /slots). Found like ``server_argv``.
+    """
+    pid = runtime.get("pid") if runtime and isinstance(runtime.get("pid"), int) else None
+    if pid is None:
+        port = port_of(url)
+        found = _find_process(port) if port is not None else None
+        pid = found[0] if found else None
+    started = process_start(pid) if pid is not None else None
+    return (pid, started) if pid is not None and started is not None else None
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time (/proc/PID/stat field 22), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state is field 3
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def _find_process(port: int) -> tuple[int, list[str]] | None:
     """A local llama-server whose flags (or LLAMA_ARG_PORT) say it listens on ``port``."""
     for pid, argv in _llama_processes():

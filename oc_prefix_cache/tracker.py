@@ -104,6 +104,7 @@ class ServerState:
     proven: set[tuple[str, int, int]] = field(default_factory=set)  # (file, size, mtime_ns) on this process
     argv: list[str] | None = None
     argv_known: bool = False
+    process: tuple[int, int] | None = None  # (pid, start ticks) of the local server process, when found
 
 
 @dataclass(frozen=True)
@@ -154,15 +155,20 @@ class SlotTracker:
         self._local = threading.local()  # per thread: the slots it works in under a SlotHold
 
     # -- observations ----------------------------------------------------------------------
-    def observe(self, server: str, slot: int, now: Observation) -> Seen:
-        """Record ``now``; notice a restart; keep the holding only if ``now`` vouches for it."""
+    def observe(self, server: str, slot: int, now: Observation, *, process_gone: bool = False) -> Seen:
+        """Record ``now``; notice a restart; keep the holding only if ``now`` vouches for it.
+
+        ``process_gone``: the server process ocpc knew (``witness``) has ended: a restart,
+        whatever /slots shows.
+        """
         with self._guard:
             state = self._server(server)
             slot_state = state.slots.setdefault(slot, SlotState())
             seen = slot_state.last_task
-            restarted = seen is not None and (now.id_task is None or now.id_task < seen)
+            restarted = process_gone or (seen is not None and (now.id_task is None or now.id_task < seen))
             if restarted:
-                self._restart(server, state, f"slot {slot} task id {seen} -> {now.id_task}")
+                why = "its process ended" if process_gone else f"slot {slot} task id {seen} -> {now.id_task}"
+                self._restart(server, state, why)
                 slot_state = state.slots.setdefault(slot, SlotState())
             if now.id_task is not None:
                 slot_state.last_task = max(now.id_task, slot_state.last_task or now.id_task)
@@ -182,7 +188,7 @@ class SlotTracker:
         state.epoch += 1
         state.slots = {slot: SlotState(lock=lock) for slot, lock in locks.items()}
         state.proven.clear()
-        state.argv, state.argv_known = None, False
+        state.argv, state.argv_known, state.process = None, False, None
 
     # -- what a slot holds -----------------------------------------------------------------
     def leave(self, server: str, slot: int, holding: Holding | None, *, trail: Trail | None = None,
@@ -249,11 +255,17 @@ class SlotTracker:
             state = self._server(server)
             return state.argv_known, state.argv
 
-    def set_argv(self, server: str, argv: list[str] | None, *, epoch: int) -> None:
+    def set_argv(self, server: str, argv: list[str] | None, *, epoch: int,
+                 process: tuple[int, int] | None = None) -> None:
         with self._guard:
             state = self._server(server)
             if state.epoch == epoch:
-                state.argv, state.argv_known = argv, True
+                state.argv, state.argv_known, state.process = argv, True, process
+
+    def process(self, server: str) -> tuple[int, int] | None:
+        """The server's process as last found (the restart witness), or None."""
+        with self._guard:
+            return self._server(server).process
 
     # -- serialising work on a slot --------------------------------------------------------
     @contextmanager

@@ -132,7 +132,7 @@ def test_a_graceful_restart_parks_the_live_conversation(turns, model: str) -> No
     assert [p["parked"] for p in parked] == [True], parked
     server.restart()
     back, timings = t.turn(parent)
-    assert back.action == "restored" and back.source == "park" and "gated" in back.reason, back
+    assert back.action == "restored" and back.source == "park", back
     t.assert_only_new_tokens(back, timings)
 
 
@@ -334,19 +334,25 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
     assert plan.request_tokens[: len(known.tokens)] == known.tokens
 
 
-def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_restart(turns) -> None:
+@pytest.mark.parametrize("witness", [True, False])
+def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_restart(
+        turns, monkeypatch, witness: bool) -> None:
     """A restore runs no task: on a fresh server, a slot that holds only a restore looks like
-    the empty slot of a restarted server in /slots. So a restore there is always followed by
-    the probe's task; else a turn after an unreported request and a restart was a false hit."""
+    the empty slot of a restarted server in /slots. So either ocpc watches the server's process
+    (a restart is a new process), or the restore is followed by the probe's task; else a turn
+    after an unreported request and a restart was a false hit. Without the witness: a server
+    in another PID namespace (its process not visible here)."""
+    if not witness:
+        monkeypatch.setattr("oc_prefix_cache.prepare.server_process", lambda *a, **k: None)
     server, t = turns("qwen3")
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")
     for conv in (parent, parent, sub):
         t.turn(conv)  # the parent is parked
     nxt = parent.next_body()
     raw = json.dumps(nxt, ensure_ascii=False, separators=(",", ":")).encode()
-    for _ in range(2):
+    for _ in range(3):
         server.restart()
         result = t.preparer.prepare(raw, parent.headers())
         assert result.action == "restored" and result.source == "park", result
         chat(server.url, nxt)  # its report never comes (a plugin that failed, a client that left)
-    assert "gated" in result.reason
+    assert ("gated" in result.reason) is not witness, result  # the probe only where it is the witness
