@@ -10,8 +10,8 @@
    the range over rounds.
 2. **The hit path**: a later turn of the conversation the slot holds. The conversation's
    prior request is sent for real and reported (``/v1/report``, as the plugin does), which
-   ties the slot to it; then N later turns are prepared over HTTP (the plugin's path, a
-   new connection each, to ``ocpc daemon`` in its own process), each call one turn
+   ties the slot to it; then N later turns are prepared over HTTP (the plugin's path: one
+   kept-alive connection, as Node's fetch keeps it, to ``ocpc daemon`` in its own process), each call one turn
    further on (an agent's tool call and its result appended), so each pays the real
    per-turn work. In-process is the same call's own time inside the daemon (its answer's
    ``elapsed_ms``): HTTP and in-process are paired call by call. Two conversations:
@@ -218,11 +218,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 #: A stand-in for the daemon that only reads the body and answers ``{}``, on the same stdlib
-#: server class: the floor of what the plugin's HTTP call costs for a body of that size.
+#: server class and, like the daemon, keeping the connection open: the floor of what the
+#: plugin's HTTP call costs for a body of that size.
 STUB = """
-import sys
+import socket, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def setup(self):
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     def log_message(self, *args): pass
     def do_GET(self): self.answer()
     def do_POST(self):
@@ -230,7 +235,7 @@ class Stub(BaseHTTPRequestHandler):
         self.answer()
     def answer(self):
         self.send_response(200)
-        for name, value in (("Content-Type", "application/json"), ("Content-Length", "2"), ("Connection", "close")):
+        for name, value in (("Content-Type", "application/json"), ("Content-Length", "2")):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(b"{}")
