@@ -216,11 +216,12 @@ def test_the_previous_and_the_current_plugin_drive_the_new_daemon(daemon_for, pl
 
 
 @pytest.mark.rig
-def test_a_turn_sent_the_moment_a_restarted_server_answers_is_never_a_false_hit(daemon_for) -> None:
+@pytest.mark.parametrize("model", ["qwen35", "qwen3"])
+def test_a_turn_sent_the_moment_a_restarted_server_answers_is_never_a_false_hit(daemon_for, model: str) -> None:
     """Defect 1: the hit path used to make no server call, and a restart was noticed by a
     1-second watcher; a turn arriving within that second was told `hit` on an empty slot.
     Like an on-demand starter, send the turn as soon as /health answers 200, 20 times."""
-    server, runner = daemon_for("qwen35")
+    server, runner = daemon_for(model)
     first = post_prepare(runner.url, PROJ_A, "ses_a")
     head = first["prefix_tokens"]
     for i in range(20):

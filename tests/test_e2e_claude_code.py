@@ -120,7 +120,7 @@ def claude_env(proxy_url: str) -> dict[str, str]:
 
 
 def run_claude(binary: Path, env: dict[str, str], project: Path, *args: str) -> str:
-    proc = subprocess.run([str(binary), *args], cwd=project, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.run([str(binary), *args], cwd=project, env={**env, "PWD": str(project)}, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"claude failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout

@@ -1,5 +1,5 @@
 """End to end: the real OpenCode binary, the plugin installed by `ocpc install`, the daemon,
-and a real llama-server with the tiny hybrid model. Four sessions:
+and a real llama-server with each tiny model (hybrid and transformer). Four sessions:
 
 1. project A: the head is warmed;
 2. project B (another AGENTS.md): the first main request is served from the head;
@@ -107,7 +107,10 @@ def installed_env(server_url: str) -> dict[str, str]:
 
 def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi", *,
                  more: tuple[str, ...] = ()) -> str:
-    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more], cwd=project, env=env,
+    # OpenCode takes its working directory from $PWD, not from the process's cwd: without
+    # this, every session ran "in" the directory pytest was started from.
+    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more], cwd=project,
+                          env={**env, "PWD": str(project)},
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"opencode failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -128,8 +131,10 @@ def last_main_prepare(daemon: Daemon) -> dict[str, Any]:
     return dict(events[-1])
 
 
-def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path) -> None:
-    server = llama_server("qwen35", ctx_size=32768)
+@pytest.mark.parametrize("model", ["qwen35", "qwen3"])
+def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path,
+                                model: str) -> None:
+    server = llama_server(model, ctx_size=32768)
     env = installed_env(server.url)
     config = isolated_home / "config" / "opencode" / "opencode.json"
     assert "ocpc-plugin.js" in config.read_text()
@@ -152,6 +157,8 @@ def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home:
         run_opencode(opencode_bin, env, projects["projB"])
         second = last_main_prepare(daemon)
         report2 = wait_for_report(daemon, report1)
+        # Another project: its own <env> and AGENTS.md, so another prompt (and length) than A's.
+        assert report2["cache_n"] + report2["prompt_n"] != report1["cache_n"] + report1["prompt_n"], (report1, report2)
         assert second["action"] in ("hit", "restored"), second
         assert report2["cache_n"] >= 0.9 * second["prefix_tokens"], (second, report2)
         seen.append({"session": 2, **second, **report2})
@@ -241,6 +248,8 @@ def test_a_subagent_between_two_turns_and_the_parent_comes_back_from_its_park(
         run_opencode(opencode_bin, env, project, "and which ones round?", more=("--continue",))
         back = last_main_prepare(daemon)
         report2 = wait_for_report(daemon, report1)
+        # Another project: its own <env> and AGENTS.md, so another prompt (and length) than A's.
+        assert report2["cache_n"] + report2["prompt_n"] != report1["cache_n"] + report1["prompt_n"], (report1, report2)
         assert back["action"] == "restored" and back["source"] == "park", back
         assert report2["cache_n"] >= back["prefix_tokens"], (back, report2)
         assert report2["prompt_n"] < 200, report2  # the new user message and the turn markup only

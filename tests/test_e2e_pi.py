@@ -43,7 +43,7 @@ def write_models(home: Path, proxy_url: str) -> None:
 
 def run_pi(cli: Path, project: Path, prompt: str) -> str:
     env = {**os.environ, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "TZ": "UTC",
-           "TERM": "dumb"}
+           "TERM": "dumb", "PWD": str(project)}
     proc = subprocess.run(["node", str(cli), "-p", "--provider", "local", "--model", "local-model", prompt],
                           cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=300, check=False)

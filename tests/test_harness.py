@@ -237,6 +237,7 @@ def test_heads_skip_what_has_no_head() -> None:
     plain = [{"role": "system", "content": "no footer here"}, PI_A1.body["messages"][1]]
     assert isinstance(pi.head({**PI_A1.body, "messages": plain}), Skip)
     assert isinstance(pi.head({**PI_A1.body, "lora": [{"id": 0, "scale": 1}]}), Skip)
+    assert isinstance(cc.head({**to_chat(CC_A1.body), "lora": [{"id": 0, "scale": 1}]}), Skip)
 
 
 # -- heads on the real server: identical tokens, a strict prefix of every request ------------------------------

@@ -56,6 +56,14 @@ def test_no_marker_and_no_system_are_skipped() -> None:
     assert isinstance(extract_head(parse_body(json.dumps(body).encode()), MARKERS), Skip)
 
 
+def test_a_request_with_its_own_lora_adapters_gets_no_head() -> None:
+    """Defect 6: a request's own `lora` changes its KV, so the head's file cannot serve it."""
+    body = capture(PROJ_A) | {"lora": [{"id": 0, "scale": 0.5}]}
+    result = extract_head(parse_body(json.dumps(body).encode()), MARKERS)
+    assert isinstance(result, Skip) and "LoRA" in result.reason
+    assert isinstance(extract_head(parse_body(json.dumps(body | {"lora": []}).encode()), MARKERS), Head)
+
+
 def test_earliest_marker_wins() -> None:
     text = capture(PROJ_A)["messages"][0]["content"]
     later = text.index("<env>")

@@ -133,7 +133,7 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stub]:
 def run_harness(argv: list[str], *, home: Path, cwd: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The harness with a clean environment (as the capture notes ran them), in its own group."""
     env = {"HOME": str(home), "PATH": os.environ["PATH"], "TERM": "dumb", "LANG": "C.UTF-8", "TZ": "UTC",
-           "USER": "dev", "SHELL": "/bin/bash"} | extra_env
+           "USER": "dev", "SHELL": "/bin/bash", "PWD": str(cwd)} | extra_env
     return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=180, check=False)
 
