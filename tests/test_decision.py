@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oc_prefix_cache import decision
@@ -125,6 +125,7 @@ request_facts = st.builds(
     project=st.sampled_from([None, "aaaaaaaaaaaaaaaa"]), project_file=st.sampled_from(list(FileState)))
 
 
+@settings(max_examples=3000)  # the table is small and pure: search it hard, in well under a second per 1000
 @given(slot_facts, request_facts)
 def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     action = decide(facts, req)
@@ -150,7 +151,9 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     if action.target == "park":
         assert req.park is not FileState.MISSING and req.continuing
     if action.target == "proj" and action.kind == "restore":
-        assert req.project_file is not FileState.MISSING and req.park is FileState.MISSING
+        # a park belongs to a later turn; for a later turn it beats the project head
+        assert req.project_file is not FileState.MISSING
+        assert not (req.continuing and req.park is not FileState.MISSING)
 
 
 def test_the_decision_module_does_no_io() -> None:
