@@ -6,6 +6,7 @@ server reused (which ties the slot's new state to the conversation).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -466,26 +467,34 @@ def test_a_template_that_prints_the_date_gets_a_new_plan_never_a_stale_restore(p
 
 
 # -- defect 4: one deadline per prepare -----------------------------------------------------
-def test_a_prepare_waiting_for_a_busy_slot_fails_open_within_its_budget(prep) -> None:
-    server, rig = prep("qwen3")
-    rig.prepare(PROJ_A, session="ses_a")
-    held = threading.Event()
-    release = threading.Event()
+@contextlib.contextmanager
+def slot_held(rig: Any, *, for_s: float) -> Iterator[None]:
+    """Another prepare holds slot 0 for at most ``for_s`` seconds (released when the block ends)."""
+    held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         with rig.preparer.tracker.slot_lock(rig.preparer.server, 0, deadline=Deadline.after(30)):
             held.set()
-            release.wait(10)
+            release.wait(for_s)
 
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait(5)
-    rig.transport.calls.clear()
-    started = time.monotonic()
-    result = rig.prepare(capture(PROJ_B), session="ses_b", **{"x-ocpc-budget-ms": "1500"})
-    took = time.monotonic() - started
-    release.set()
-    holder.join()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_a_prepare_waiting_for_a_busy_slot_fails_open_within_its_budget(prep) -> None:
+    server, rig = prep("qwen3")
+    rig.prepare(PROJ_A, session="ses_a")
+    with slot_held(rig, for_s=10):
+        rig.transport.calls.clear()
+        started = time.monotonic()
+        result = rig.prepare(capture(PROJ_B), session="ses_b", **{"x-ocpc-budget-ms": "1500"})
+        took = time.monotonic() - started
     assert result.action == "failed" and "busy" in result.reason, result
     assert took < 3.0
     assert rig.transport.changes() == []
@@ -497,19 +506,9 @@ def test_a_prepare_that_gets_the_slot_too_late_does_not_change_it(prep) -> None:
     server, rig = prep("qwen3")
     rig.prepare(PROJ_A, session="ses_a")
     server.restart()  # the next new session must restore: a slot-changing action
-    held = threading.Event()
-
-    def hold() -> None:
-        with rig.preparer.tracker.slot_lock(rig.preparer.server, 0, deadline=Deadline.after(30)):
-            held.set()
-            time.sleep(1.5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait(5)
-    rig.transport.calls.clear()
-    result = rig.prepare(PROJ_B, session="ses_b", **{"x-ocpc-budget-ms": "3000"})
-    holder.join()
+    with slot_held(rig, for_s=1.5):
+        rig.transport.calls.clear()
+        result = rig.prepare(PROJ_B, session="ses_b", **{"x-ocpc-budget-ms": "3000"})
     assert result.action == "failed" and "not starting" in result.reason, result
     assert rig.transport.changes() == []
 
