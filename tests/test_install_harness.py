@@ -363,3 +363,20 @@ def test_records_from_before_harnesses_still_uninstall(isolated_home: Path, tmp_
     config.write_text(config.read_text().replace('"dark"', '"light"'))
     uninstall(settings(), config_path=config)
     assert config.read_text() == '{\n  "theme": "light"\n}\n'
+
+
+def test_a_relative_config_path_is_recorded_absolute(tmp_path: Path, monkeypatch) -> None:
+    """`ocpc install --config settings.json` in one folder, `ocpc uninstall --config
+    $PWD/settings.json` (or from another folder): the record must name the file, not the
+    words typed; before, the record was unfindable and ocpc's entries stayed in the config."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    original = tmp_path / "a" / "settings.json"
+    original.write_text(CLAUDE_SETTINGS)
+    monkeypatch.chdir(tmp_path / "a")
+    assert claude_install(Path("settings.json"))
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(InstallError, match="no record"):
+        uninstall(settings(), config_path=Path("settings.json"))  # b has no install: a's record is not its
+    uninstall(settings(), config_path=original)
+    assert original.read_text() == CLAUDE_SETTINGS

@@ -16,14 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..settings import Settings
-from .npm import NpmEntry, NpmRecord, remove_npm_files
-from .opencode import CONTEXT_LIMIT, default_config_path, install, matching_provider, plan_edits
+from .npm import NpmEntry, remove_npm_files
+from .opencode import default_config_path, install, plan_edits
 from .plugin import (
     PLUGIN_NAME,
-    SOURCE_TREE_PLUGIN,
     PluginCopy,
-    PluginState,
-    installed_plugin_path,
     installed_plugin_state,
     packaged_plugin,
     plugin_path_in_config,
@@ -33,6 +30,7 @@ from .records import (
     Edit,
     InstallError,
     InstallRecord,
+    absolute,
     config_target,
     installed,
     load_records,
@@ -45,16 +43,17 @@ from .records import (
 HARNESSES = ("opencode", "claude-code", "pi")
 
 __all__ = [
-    "CONTEXT_LIMIT", "HARNESSES", "PLUGIN_NAME", "SOURCE_TREE_PLUGIN", "Edit", "InstallError", "InstallRecord",
-    "NpmEntry", "NpmRecord", "PluginCopy", "PluginState", "config_target", "default_config_path", "install",
-    "installed", "installed_plugin_path", "installed_plugin_state", "matching_provider", "normalise_base_url",
-    "packaged_plugin", "plan_edits", "plugin_path_in_config", "plugin_version", "uninstall",
+    "HARNESSES", "PLUGIN_NAME", "Edit", "InstallError", "InstallRecord", "NpmEntry", "PluginCopy", "absolute",
+    "config_target", "default_config_path", "install", "installed", "installed_plugin_state", "load_records",
+    "normalise_base_url", "packaged_plugin", "parse_record", "plan_edits", "plugin_path_in_config",
+    "plugin_version", "restore_config", "uninstall", "write_records",
 ]
 
 
 def uninstall(settings: Settings, *, config_path: Path, harness: str | None = None) -> list[str]:
     """Undo the install recorded for ``config_path`` (any harness; ``harness`` checks it is
     the one meant): the config, then the npm files it created."""
+    config_path = absolute(config_path)
     records = load_records(settings)
     raw = records.get(str(config_path))
     if raw is None:

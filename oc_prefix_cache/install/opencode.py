@@ -14,7 +14,7 @@ from typing import Any
 from ..settings import Settings
 from .npm import preinstall_plugin_sdk, record_npm
 from .plugin import install_plugin_files
-from .records import Edit, InstallError, edit_config, normalise_base_url
+from .records import Edit, InstallError, absolute, edit_config, normalise_base_url
 
 CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
 TITLE_OFF = "disabled the title request (it would take the slot before each first request)"
@@ -77,6 +77,7 @@ def install(settings: Settings, *, config_path: Path, base_url: str, provider_id
             keep_title: bool = False, opencode_version: str | None = None,
             output_limit: int | None = None) -> list[str]:
     """Install; returns one line per change (empty when there was nothing to do)."""
+    config_path = absolute(config_path)  # the npm folder is recorded as its parent
     said: list[str] = []
     plugin_path = install_plugin_files(settings, base_url, said)
 

@@ -84,6 +84,13 @@ def normalise_base_url(url: str) -> str:
     return f"{scheme.lower()}://{host}{slash}{path}".rstrip("/")
 
 
+def absolute(config_path: Path) -> Path:
+    """Records are keyed by the config's path, so it is made absolute (not resolved: a
+    symlinked config stays the link); a relative ``--config`` from one folder must not find
+    another folder's record, nor leave its own unfindable."""
+    return Path(os.path.abspath(config_path))
+
+
 def config_target(config_path: Path) -> Path:
     """The file to read and write: behind a symlink (dotfile managers use them), the link's
     target, so the link survives; a link to a missing folder is refused rather than followed."""
@@ -118,6 +125,7 @@ def edit_config(settings: Settings, *, config_path: Path, harness: str,
     does not read back, a damaged record file stops us before the config is touched, and a
     symlinked config is written behind its link with its mode kept.
     """
+    config_path = absolute(config_path)
     target, existed, original, text, config = read_config(config_path)
     records = load_records(settings)
     previous = records.get(str(config_path))
@@ -226,16 +234,12 @@ def _undo(text: str, change: dict[str, Any], kept: list[str], by_hand: str) -> s
     key = change.get("key")
     if change.get("kind") == "replace":
         return _undo_replace(text, path, str(key), change, kept)
-    snippet = str(change["snippet"])
-    at = int(change["offset"])
-    if text[at:at + len(snippet)] != snippet:
-        count = text.count(snippet)
-        if count > 1:
-            raise InstallError(by_hand)
-        if count == 0:
-            return text if key is None else _remove_by_path(text, path, str(key), change, kept)
-        at = text.index(snippet)
-    return text[:at] + text[at + len(snippet):]
+    out = jsonc.remove(text, jsonc.Insertion(int(change["offset"]), str(change["snippet"])))
+    if out is None:  # there more than once, not where we put it: do not guess which
+        raise InstallError(by_hand)
+    if out == text and key is not None:  # gone from where we put it (a snippet is never empty)
+        return _remove_by_path(text, path, str(key), change, kept)
+    return out
 
 
 def _undo_replace(text: str, path: tuple[str, ...], key: str, change: dict[str, Any], kept: list[str]) -> str:
