@@ -327,7 +327,10 @@ class Preparer:
                                             deadline=deadline)
             holding = self._holding_after(loaded, plan, slot, seen, conversation=conversation, deadline=deadline)
             self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
-        self.usage.note(loaded.prefix.key, slot=slot_key(self.server, slot) if loaded.prefix.kind == "head" else None)
+        # the head is under whatever the slot now holds (a project head, a park): it is used too
+        self.usage.note(plan.fingerprint, slot=slot_key(self.server, slot))
+        if loaded.prefix.key and loaded.prefix.key != plan.fingerprint:
+            self.usage.note(loaded.prefix.key)
         reason = f"{parked}; {loaded.done.reason}" if parked else loaded.done.reason
         return self._answer(loaded.done.action, plan.fingerprint, loaded.expected, reason, slot=slot,
                             epoch=seen.epoch, conversation=conversation, file=loaded.file, split=plan.split,
@@ -528,9 +531,13 @@ class Preparer:
                                         checkpoint_min_step=int(step) if step and step.isdigit() else None))
 
     def _collect_garbage(self) -> None:
-        """The same policy as `ocpc gc`, after each save, off the request path."""
+        """The same policy as `ocpc gc`, after each save, off the request path.
+
+        Uses noted since the last flush go to the index first: gc must see a head restored a
+        moment ago as used and current, not as last used a month ago."""
         from .gc import run_gc
 
+        self.flush_usage()
         try:
             plan = run_gc(self.settings, dry_run=False)
         except (OcpcError, OSError) as exc:  # cleanup must never fail anything

@@ -384,6 +384,31 @@ def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
     assert [k for k, e in rig.store.load().entries.items() if e.kind == "head"] == [warmed.fingerprint]
 
 
+def test_the_gc_a_save_schedules_keeps_a_head_restored_just_before(prep, monkeypatch) -> None:
+    """A restore notes its use in memory (the index is written every few minutes, off the
+    request path); the gc a save schedules must see that use, or a head restored a moment ago
+    but last written to the index a month ago is deleted as expired while it serves the slot."""
+    monkeypatch.setenv("OC_PREFIX_CACHE_KEEP_RECENT", "0")
+    _, rig = prep("qwen3")
+    rig.settings = Settings.from_env(dict(os.environ))
+    rig.preparer.settings = rig.settings
+    jobs: list[Callable[[], None]] = []
+    rig.preparer._schedule = jobs.append  # run the background jobs when the test says
+    head = rig.prepare(PROJ_A, session="ses_a")
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    assert rig.prepare(other, session="ses_x").action == "warmed"  # the slot's current file now
+    long_ago = int(time.time()) - 60 * 86400
+    rig.store.update(lambda index: setattr(index.entries[head.fingerprint], "last_used", long_ago))
+    back = rig.prepare(PROJ_B, session="ses_b")
+    assert back.action == "restored" and back.fingerprint == head.fingerprint, back
+    assert jobs
+    for job in jobs:  # the gc that the saves scheduled, run after the restore
+        job()
+    assert (rig.settings.slot_dir / f"oc-prefix-{head.fingerprint}.bin").exists()
+    assert head.fingerprint in rig.store.load().entries
+
+
 def test_after_a_restart_every_file_is_gated_again(prep) -> None:
     """Proofs belong to a server process: a restart voids them, whichever head comes first."""
     server, rig = prep("qwen3")
