@@ -49,7 +49,7 @@ from .affinity import AffinityTable, Want, choose
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_body
 from .deadline import Deadline
 from .errors import LockTimeout, OcpcError
-from .harness import Adapter, GenericAdapter, Incoming, select
+from .harness import Adapter, ClaudeCodeAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter, select
 from .head import MAX_BODY_BYTES, Head
 from .prepare import Preparer, PrepareResult
 from .relay import (
@@ -60,6 +60,7 @@ from .relay import (
     Scope,
     Send,
     Watcher,
+    dump,
     headers_of,
     learn,
     path_of,
@@ -142,6 +143,8 @@ class Proxy:
         self._client: Upstream | None = None
         self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
         self._slots_client = SlotClient(self.server)
+        # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
+        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(), PiAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._choosing = threading.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
@@ -251,11 +254,10 @@ class Proxy:
             self.counters.add("not_prepared:not_json")
             return Plan(path=path, body=raw, why_not="the body is not a JSON object: the server answers it")
         incoming = Incoming(api=api, headers=headers, body=data)
-        adapter = select(incoming, enabled=self.settings.adapters, fallback=self._generic)
-        own = adapter if adapter.name != "generic" else select(incoming, enabled=ADAPTER_NAMES)
-        if own.name not in self.settings.adapters:  # its harness's adapter is off: hands off its bytes
+        adapter = select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
+        if adapter.name not in self.settings.adapters:  # its harness's adapter is off: hands off its bytes
             self.counters.add("not_prepared:adapter_off")
-            return Plan(path=path, body=raw, why_not=f"the {own.name} adapter is switched off")
+            return Plan(path=path, body=raw, why_not=f"the {adapter.name} adapter is switched off")
         body, changes = adapter.normalise(incoming)
         stream = bool(body.get("stream"))
         try:
@@ -264,25 +266,31 @@ class Proxy:
             self.counters.add("not_prepared:untranslatable")
             return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
         n_slots = self._n_slots()
-        conversation = adapter.session(incoming) or _chain_key(chat)
-        own_slot = body.get("id_slot") if api == "openai" else None
+        session = adapter.session(incoming)
+        conversation = session or _chain_key(chat)
+        asked = body.get("id_slot", -1) if api == "openai" else -1
+        client_slot = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < n_slots
+        if not client_slot and asked != -1:  # -1 (llama.cpp's "any slot") or none: ours to choose
+            self.counters.add("not_prepared:unknown_slot")
+            return Plan(path=path, body=raw, stream=stream,
+                        why_not=f"id_slot {asked!r} is not a slot of this server: the server answers it")
         with self._choosing:  # choose and mark busy at once: two new conversations never pick one slot
-            if isinstance(own_slot, int) and not isinstance(own_slot, bool) and 0 <= own_slot < n_slots:
-                slot, head_key, rule = own_slot, "", "client"  # the client chose: prepare that slot
+            if client_slot:
+                slot, head_key, rule = asked, "", "client"  # the client chose: prepare that slot
             else:
                 slot, head_key, rule = self._choose(adapter, chat, conversation, n_slots)
             self.table.begin(slot, conversation)
         pinned = n_slots > 1
         if api == "anthropic":
             up = upstream_body(chat, id_slot=slot if pinned else None)
-            plan = Plan(path="/v1/chat/completions", body=_dump(up), translate=True, stream=stream, slot=slot)
-            chat_raw = _dump(chat)
+            plan = Plan(path="/v1/chat/completions", body=dump(up), translate=True, stream=stream, slot=slot)
+            chat_raw = dump(chat)
         else:
-            forwarded = raw if not changes else _dump(body)
-            if pinned and "id_slot" not in body:
-                forwarded = _with_slot(forwarded, slot)
+            chat_raw = raw if not changes else dump(body)
+            forwarded = chat_raw
+            if pinned and not client_slot:  # the slot prepared is the slot that runs it
+                forwarded = _with_slot(chat_raw, slot) if "id_slot" not in body else dump({**body, "id_slot": slot})
             plan = Plan(path=path, body=forwarded, stream=stream, slot=slot)
-            chat_raw = raw if not changes else _dump(body)
         plan.adapter, plan.rule = adapter.name, rule
         deadline = Deadline.after(self.bounds.prepare_s)
         try:
@@ -295,7 +303,7 @@ class Proxy:
         try:
             with plan.hold.inside():
                 plan.result = self.preparer.prepare(chat_raw, headers, slot=slot, deadline=deadline,
-                                                    session=adapter.session(incoming), head_of=adapter.head)
+                                                    session=session, head_of=adapter.head)
         except BaseException:
             self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
             raise
@@ -356,7 +364,6 @@ class Proxy:
                 "reason": (result.reason if result else plan.why_not)[:200], "ready_ms": round(plan.ready_ms, 3),
                 "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
         try:
-            result = plan.result
             if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
                 verdict = self.preparer.report(fingerprint=result.fingerprint or "", cache_n=learned.cache_n,
                                                prompt_n=learned.prompt_n or 0, prepare_id=result.prepare_id,
@@ -502,10 +509,6 @@ class Proxy:
         return self._client
 
 
-def _dump(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def _with_slot(raw: bytes, slot: int | None) -> bytes:
     """``id_slot`` added as the object's first key, the rest of the bytes as they were."""
     start = raw.find(b"{")
@@ -520,7 +523,7 @@ def _chain_key(chat: dict[str, Any]) -> str:
     """A conversation without a session id: named by its first two messages (system, first prompt)."""
     messages = chat.get("messages")
     first = messages[:2] if isinstance(messages, list) else []
-    return "chain-" + xxhash.xxh64_hexdigest(_dump(first))
+    return "chain-" + xxhash.xxh64_hexdigest(dump(first))
 
 
 def _head_key(head: Head) -> str:

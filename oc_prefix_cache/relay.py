@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from .anthropic import to_message
+from .anthropic import dump_json, to_message
 
 log = logging.getLogger("ocpc.proxy")
 
@@ -136,10 +136,9 @@ def upstream_headers(headers: dict[str, str], *, identity: bool) -> dict[str, st
     return out
 
 
-
-
 def dump(data: Any) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON bytes, as the server writes them (``anthropic.dump_json``)."""
+    return dump_json(data).encode()
 
 
 def translated_whole(raw: bytes) -> bytes:

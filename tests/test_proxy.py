@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from oc_prefix_cache.head import MAX_BODY_BYTES
+from oc_prefix_cache.harness.base import head_by_markers
+from oc_prefix_cache.head import MAX_BODY_BYTES, Head
 from oc_prefix_cache.prepare import Preparer, PrepareResult
 from oc_prefix_cache.proxy import Bounds, Proxy
 from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
@@ -213,6 +214,35 @@ def test_a_switched_off_adapter_passes_the_bytes_unchanged(proxy_for: Any, stub:
     assert stub.seen[-1]["body"] == raw and on.counters()["not_prepared:adapter_off"] == 1
 
 
+def test_opencode_through_the_proxy_cuts_its_head_at_the_operators_markers(stub: Any, tmp_path: Path) -> None:
+    """``OC_PREFIX_CACHE_MARKERS`` moves OpenCode's head cut on the plugin's path; through the
+    proxy the same request must be cut at the same place (the proxy's OpenCode adapter used a
+    fixed ``<env>``, so the two paths of one ``ocpc launch`` planned two different heads)."""
+    settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
+                                  "OC_PREFIX_CACHE_MARKERS": "<mine>"})
+    seen: list[dict[str, Any]] = []
+
+    class Recording(SlowPreparer):
+        def prepare(self, raw: bytes, headers: Any, **kwargs: Any) -> PrepareResult:
+            seen.append(kwargs)
+            return super().prepare(raw, headers, **kwargs)
+
+    recording = Recording(build_preparer(settings, server_url=stub.url), delay=0)
+    run = Running(Proxy(settings=settings, preparer=recording))  # type: ignore[arg-type]
+    run.server.start()
+    try:
+        body = {"model": "m", "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+                "messages": [{"role": "system", "content": "You are OpenCode. <mine>cwd: /a"},
+                             {"role": "user", "content": "hi"}]}
+        assert post(run.url, body, headers={"user-agent": "opencode/1.18.33"}).status_code == 200
+    finally:
+        run.server.stop()
+    assert seen and seen[0]["head_of"].__self__.name == "opencode"
+    head = seen[0]["head_of"](body)
+    assert isinstance(head, Head) and head.marker == "<mine>" and head.system_head == "You are OpenCode. "
+    assert head == head_by_markers(body, settings.markers)  # the plugin's path: the Preparer's default rule
+
+
 # -- slots and the event loop ------------------------------------------------------------------------
 
 
@@ -300,6 +330,12 @@ def test_with_two_slots_requests_are_pinned(proxy_for: Any) -> None:
         assert json.loads(stub.seen[-1]["body"])["id_slot"] == 1  # a client's own choice is kept...
         assert {k: proxy.status()["recent"][-1][k] for k in ("slot", "rule")} == {"slot": 1, "rule": "client"}
         # ...and is the slot prepared and held
+        assert post(proxy.url, {**chat_b, "id_slot": -1}).status_code == 200  # llama.cpp's "any slot"
+        ran = json.loads(stub.seen[-1]["body"])["id_slot"]
+        assert ran in (0, 1) and ran == proxy.status()["recent"][-1]["slot"]  # runs where it was prepared
+        assert post(proxy.url, {**chat_b, "id_slot": 7}).status_code == 200  # no such slot: not ours to fix
+        assert json.loads(stub.seen[-1]["body"])["id_slot"] == 7
+        assert proxy.counters()["not_prepared:unknown_slot"] == 1
 
         def new_conversation(i: int) -> None:
             post(proxy.url, {**CHAT, "messages": [{"role": "user", "content": f"new {i}"}]},

@@ -15,13 +15,12 @@ from typing import Any
 from ..head import Head, Skip
 from .base import Incoming, first_header, head_by_markers, unchanged
 
-SESSION_HEADERS = ("x-session-affinity", "x-session-id")
-
 
 @dataclass(frozen=True)
 class GenericAdapter:
     markers: tuple[str, ...] = ("<env>",)
     name: str = "generic"
+    session_headers: tuple[str, ...] = ("x-session-affinity", "x-session-id")
 
     def matches(self, incoming: Incoming) -> bool:
         return True
@@ -33,4 +32,4 @@ class GenericAdapter:
         return head_by_markers(chat, self.markers)
 
     def session(self, incoming: Incoming) -> str | None:
-        return first_header(incoming, SESSION_HEADERS)
+        return first_header(incoming, self.session_headers)

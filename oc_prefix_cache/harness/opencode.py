@@ -12,28 +12,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..head import Head, Skip
-from .base import Incoming, first_header, head_by_markers, unchanged
-
-MARKERS = ("<env>",)
-SESSION_HEADERS = ("x-session-id", "x-session-affinity")
+from .base import Incoming
+from .generic import GenericAdapter
 
 
 @dataclass(frozen=True)
-class OpenCodeAdapter:
+class OpenCodeAdapter(GenericAdapter):
+    """The generic marker rule (``OC_PREFIX_CACHE_MARKERS``, ``<env>`` by default: the same rule
+    the plugin's path uses) with OpenCode's own session header first; it only differs in whom
+    it matches."""
+
     name: str = "opencode"
-    markers: tuple[str, ...] = MARKERS
+    session_headers: tuple[str, ...] = ("x-session-id", "x-session-affinity")
 
     def matches(self, incoming: Incoming) -> bool:
         return incoming.api == "openai" and incoming.user_agent.startswith("opencode/")
-
-    def normalise(self, incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:
-        return unchanged(incoming)
-
-    def head(self, chat: dict[str, Any]) -> Head | Skip:
-        return head_by_markers(chat, self.markers)
-
-    def session(self, incoming: Incoming) -> str | None:
-        return first_header(incoming, SESSION_HEADERS)
