@@ -50,9 +50,6 @@ class Deadline:
     def remaining(self) -> float:
         return self.at - time.monotonic()
 
-    def expired(self) -> bool:
-        return self.remaining() <= 0.0
-
     def bound(self, seconds: float, *, what: str) -> float:
         """``seconds`` cut to what is left; ``DeadlineExceeded`` when nothing is left."""
         left = self.remaining()
@@ -70,8 +67,3 @@ class Deadline:
                 "so the slot is left as it is for the request"
             )
         return min(seconds, left)
-
-
-def unbounded() -> Deadline:
-    """For work nobody waits on (the CLI, background parks): a day."""
-    return Deadline.after(86400.0)

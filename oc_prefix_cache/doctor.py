@@ -43,7 +43,6 @@ from .server_info import (
     flag_value,
     identity_from_props,
     kv_flag_names,
-    lora_adapters,
     port_of,
     read_runtime,
     same_server,
@@ -99,7 +98,7 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None,
 def _kv_flags(argv: list[str] | None, client: SlotClient, port: int | None) -> Check:
     """The flags and adapters that change KV contents, as the fingerprint sees them."""
     try:
-        adapters = adapter_settings(lora_adapters(client))
+        adapters = adapter_settings(client.lora_adapters())
     except ServerError as exc:
         return Check("kv-flags", "warn", f"cannot read the server's LoRA adapters: {exc}")
     if argv is None:

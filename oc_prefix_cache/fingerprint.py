@@ -296,17 +296,6 @@ def adapter_settings(adapters: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def request_sets_adapters(body: Mapping[str, Any]) -> bool:
-    """True when a chat body carries its own non-empty ``lora`` field.
-
-    llama-server then runs that request under other adapter scales than the server's
-    (adapters it does not list drop to scale 0), so its KV contents differ from a head
-    saved under the server's adapters: such a request must not be prepared from or into
-    the shared head.
-    """
-    return bool(body.get("lora"))
-
-
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 

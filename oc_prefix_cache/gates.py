@@ -77,13 +77,6 @@ def untouched(*, prompt_tokens_before: float | None, prompt_tokens_after: float 
     return Gate(True, "the slot was idle and its last task is the probe (no /metrics to be sure)")
 
 
-def divergent_gate(*, cache_n: int) -> Gate:
-    """On builds with persisted checkpoints: a different user turn must still reuse some."""
-    if cache_n > 0:
-        return Gate(True, f"divergent probe reused {cache_n} tokens")
-    return Gate(False, "divergent probe reused nothing: the restored checkpoints are not usable")
-
-
 def served_from_head(*, cache_n: int, prefix_tokens: int) -> bool:
     """Did a real request reuse the head we prepared for it?"""
     return prefix_tokens > 0 and cache_n >= REPORT_MIN_REUSE * prefix_tokens

@@ -68,8 +68,19 @@ def from_parsed(parsed: ParsedBody) -> ChatBody:
     return ChatBody(data=parsed.data, messages=parsed.messages, digests=parsed.digests)
 
 
+def request_sets_adapters(body: dict[str, Any]) -> bool:
+    """True when a chat body carries its own non-empty ``lora`` field.
+
+    llama-server then runs that request under other adapter scales than the server's
+    (adapters it does not list drop to scale 0), so its KV contents differ from a head
+    saved under the server's adapters: such a request must not be prepared from or into
+    the shared head.
+    """
+    return bool(body.get("lora"))
+
+
 def extract_head(body: ChatBody, markers: tuple[str, ...]) -> Head | Skip:
-    if body.data.get("lora"):
+    if request_sets_adapters(body.data):
         return Skip("the request sets its own LoRA adapters (a 'lora' field): its KV differs from the head's")
     tools = body.data.get("tools")
     if not isinstance(tools, list) or not tools:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import xxhash
 
@@ -32,7 +32,7 @@ from . import __version__
 from .deadline import Deadline
 from .errors import OcpcError
 from .fingerprint import FingerprintInputs, ServerIdentity, fingerprint
-from .head import Head, locate_head
+from .head import Head, locate_head, tokens_before
 from .slot_client import SlotClient
 
 PROBE_TOKENS = 4  # tokens of the real prompt after the head, for the reuse probe
@@ -47,20 +47,11 @@ class HeadPlan:
     tokens: tuple[int, ...]  # the head's exact tokens
     request_tokens: tuple[int, ...]  # the whole request as the server will tokenize it
     prompt: str  # the whole request as the server renders it
-    head_chars: int  # characters of ``prompt`` the head's tokens cover
     tools_in_head: bool  # False when the template renders tools after the marker
     harness: str
-    model: str
     split: bool  # the tail was tokenized on its own (the head's split was checked once before)
     project: tuple[int, ...] = ()  # head + the rest of the system prompt (a project head), when cut
     project_text: str = ""  # the rendered text the project head adds to the head
-
-    @property
-    def probe(self) -> tuple[int, ...]:
-        """This request's next tokens after the head: proving a restore with them leaves the
-        slot holding a strict prefix of the very request that follows."""
-        n = len(self.tokens)
-        return self.request_tokens[n: n + PROBE_TOKENS]
 
 
 @dataclass(frozen=True)
@@ -119,8 +110,8 @@ class HeadPlanner:
         if system_text:
             project, project_text = self._project(client, prompt, tokens, known, system_text, deadline=deadline)
         return HeadPlan(fingerprint=fp, tokens=known.tokens, request_tokens=tokens, prompt=prompt,
-                        head_chars=known.chars, tools_in_head=0 <= tools_at < offset, harness=harness,
-                        model=head.model, split=split, project=project, project_text=project_text)
+                        tools_in_head=0 <= tools_at < offset, harness=harness,
+                        split=split, project=project, project_text=project_text)
 
     @staticmethod
     def _project(client: SlotClient, prompt: str, tokens: tuple[int, ...], known: _KnownHead, system_text: str,
@@ -144,17 +135,13 @@ class HeadPlanner:
         with self._guard:
             known = self._heads.get(fingerprint)
             if known is not None and known.splittable:
-                self._heads[fingerprint] = _KnownHead(known.tokens, known.chars, splittable=False)
+                self._heads[fingerprint] = replace(known, splittable=False)
 
     def _learn(self, client: SlotClient, prompt: str, offset: int, *,
                deadline: Deadline | None) -> tuple[_KnownHead, tuple[int, ...]]:
         pieces = client.tokenize_pieces(prompt, deadline=deadline)
-        limit, used, n = len(prompt[:offset].encode()), 0, 0
-        for _, raw in pieces:
-            if used + len(raw) > limit:
-                break
-            used += len(raw)
-            n += 1
+        n = len(tokens_before(pieces, len(prompt[:offset].encode())))
+        used = sum(len(raw) for _, raw in pieces[:n])
         if n == 0:
             raise OcpcError("the head is empty after rendering; nothing to cache")
         tokens = tuple(t for t, _ in pieces)
@@ -205,10 +192,6 @@ class HeadPlanner:
             self._heads.move_to_end(fp)
             while len(self._heads) > self._max:
                 self._heads.popitem(last=False)
-
-    def __len__(self) -> int:
-        with self._guard:
-            return len(self._heads)
 
 
 def _starts_with(prompt: str, prefix: KnownPrefix) -> bool:

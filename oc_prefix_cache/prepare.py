@@ -37,16 +37,17 @@ from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, Sl
 from .executor import Contended, Done, Executor, GateFailed, Prefix
 from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
-from .head import MAX_BODY_BYTES, ChatBody, Head, Skip, extract_head, from_parsed, harness_of, message_text
+from .harness.base import head_by_markers
+from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
 from .parking import Parker
 from .parks import Park, find_park, project_entry, project_key
 from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner, KnownPrefix
-from .server_info import flag_value, gather_identity, process_start, server_argv, server_process
+from .server_info import flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import read_header, slot_filename
 from .store import Index, Store, UsageLog, slot_key
-from .tracker import Holding, Observation, Seen, SlotTracker
+from .tracker import Holding, Seen, SlotTracker
 
 log = logging.getLogger("ocpc.prepare")
 
@@ -151,7 +152,7 @@ class Preparer:
         deadline = deadline or Deadline.from_budget_ms(lower.get("x-ocpc-budget-ms"))
         slot = self.settings.slot if slot is None else slot
         session = lower.get("x-session-id", "") if session is None else session
-        rule = head_of or (lambda data: extract_head(_Chat(data), self.settings.markers))
+        rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
         try:
             result = self._prepare(raw, lower, slot, deadline, session, rule)
         except BadRequestBody as exc:
@@ -312,8 +313,7 @@ class Preparer:
                 project=project, project_file=self._project_state(index, project))
             action = decide(_slot_facts(seen, conversation, partial_cache=server.hybrid,
                                         park_min=self.settings.park_min_tokens), request)
-            if action.kind == "skip":
-                self.tracker.leave(self.server, slot, seen.holding, trail=seen.trail, epoch=seen.epoch)
+            if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)
             parked = ""
@@ -520,8 +520,8 @@ class Preparer:
         if known:
             return argv
         epoch = self.tracker.epoch(self.server)
-        argv = server_argv(self.server, runtime=self._runtime)
-        self.tracker.set_argv(self.server, argv, epoch=epoch, process=server_process(self.server, runtime=self._runtime))
+        argv, process = server_command(self.server, runtime=self._runtime) or (None, None)
+        self.tracker.set_argv(self.server, argv, epoch=epoch, process=process)
         return argv
 
     def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:
@@ -586,11 +586,6 @@ class Preparer:
                 result.prefix_tokens, result.elapsed_ms, result.reason)
 
 
-def _Chat(data: dict[str, Any]) -> ChatBody:
-    messages = data.get("messages")
-    return ChatBody(data=data, messages=messages if isinstance(messages, list) else [])
-
-
 def _in_a_thread(job: Callable[[], None]) -> None:
     """Work nobody waits on, when no background worker was given (the daemon gives one)."""
     threading.Thread(target=job, name="ocpc-job", daemon=True).start()
@@ -610,8 +605,7 @@ def _slot_facts(seen: Seen, conversation: str, *, partial_cache: bool, park_min:
 def _continues(previous: Trail, current: Trail) -> bool:
     if previous.session and current.session and previous.session != current.session:
         return False
-    n = len(previous.digests)
-    return n > 0 and current.digests[:n] == previous.digests
+    return extends(previous.digests, current.digests)
 
 
 def _chain_id(digests: tuple[str, ...]) -> str:
@@ -619,4 +613,4 @@ def _chain_id(digests: tuple[str, ...]) -> str:
     return "chain-" + xxhash.xxh64_hexdigest("".join(digests[:2]).encode())
 
 
-__all__ = ["ACTIONS", "Observation", "PrepareResult", "Preparer"]
+__all__ = ["ACTIONS", "PrepareResult", "Preparer"]

@@ -49,11 +49,6 @@ def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] 
     return replace(identity, lora=adapter_settings(client.lora_adapters(deadline=deadline)))
 
 
-def lora_adapters(client: SlotClient) -> list[dict[str, Any]]:
-    """``GET /lora-adapters`` (see ``SlotClient.lora_adapters``)."""
-    return client.lora_adapters()
-
-
 def kv_types(argv: list[str] | None) -> str:
     """KV cache types from the server's flags (/props does not report them); "" unknown."""
     if argv is None:
@@ -117,7 +112,16 @@ _TRUTHY = ("on", "enabled", "true", "1")
 
 
 def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str] | None:
-    """The command line in effect for the server at ``url``, or None when it cannot be seen.
+    """The command line in effect for the server at ``url``, or None when it cannot be seen
+    (see ``server_command``)."""
+    found = server_command(url, runtime=runtime)
+    return found[0] if found else None
+
+
+def server_command(url: str, *, runtime: dict[str, Any] | None = None
+                   ) -> tuple[list[str], tuple[int, int] | None] | None:
+    """The command line in effect for the server at ``url`` and its process (pid, start time
+    in clock ticks), or None when it cannot be seen.
 
     From ``ocpc launch``'s runtime file, else a local llama-server process listening on
     that port (Linux /proc). The API does not expose flags such as --checkpoint-min-step
@@ -125,7 +129,12 @@ def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str]
     ``LLAMA_ARG_*`` variables and from ``llama.cpp/config.ini``; those of the allow-list
     (and the few status shows) are put in front of the real arguments, so the real ones
     still win as they do in the server. Relative file arguments are made absolute against
-    the server's working directory. One /proc scan: call it once per server process.
+    the server's working directory.
+
+    The process is the restart witness: a restart always makes a new process, so while this
+    pair is alive the server has not restarted, however its slots look (a fresh server's
+    slot holding only a restore looks like a restarted server's empty slot in /slots).
+    One /proc scan: call it once per server process.
     """
     pid: int | None = None
     argv: list[str] | None = None
@@ -144,23 +153,9 @@ def server_argv(url: str, *, runtime: dict[str, Any] | None = None) -> list[str]
     implied = _config_args(environ) + _env_args(environ or {})
     cwd = _cwd(pid) if pid is not None else None
     full = argv[:1] + implied + argv[1:]
-    return _absolute_files(full, cwd) if cwd is not None else full
-
-
-def server_process(url: str, *, runtime: dict[str, Any] | None = None) -> tuple[int, int] | None:
-    """The local llama-server process serving ``url``: (pid, start time in clock ticks), or None.
-
-    A restart always makes a new process, so while this pair is still alive the server has
-    not restarted, however its slots look (a fresh server's slot holding only a restore
-    looks like a restarted server's empty slot in /slots). Found like ``server_argv``.
-    """
-    pid = runtime.get("pid") if runtime and isinstance(runtime.get("pid"), int) else None
-    if pid is None:
-        port = port_of(url)
-        found = _find_process(port) if port is not None else None
-        pid = found[0] if found else None
     started = process_start(pid) if pid is not None else None
-    return (pid, started) if pid is not None and started is not None else None
+    process = (pid, started) if pid is not None and started is not None else None
+    return (_absolute_files(full, cwd) if cwd is not None else full), process
 
 
 def process_start(pid: int) -> int | None:

@@ -25,9 +25,8 @@ from oc_prefix_cache.fingerprint import (
     adapter_settings,
     fingerprint,
     kv_settings,
-    request_sets_adapters,
 )
-from oc_prefix_cache.head import Head, extract_head, parse_body
+from oc_prefix_cache.head import Head, extract_head, parse_body, request_sets_adapters
 from oc_prefix_cache.rig import Rig
 from oc_prefix_cache.server_info import flag_value, gather_identity, identity_from_props, server_argv
 from oc_prefix_cache.slot_client import SlotClient

@@ -21,6 +21,7 @@ import pytest
 
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.prepare import Preparer, PrepareResult
+from oc_prefix_cache.server_info import server_command
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient, Timings
 from oc_prefix_cache.slotfile import read_header
@@ -343,7 +344,9 @@ def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_rest
     after an unreported request and a restart was a false hit. Without the witness: a server
     in another PID namespace (its process not visible here)."""
     if not witness:
-        monkeypatch.setattr("oc_prefix_cache.prepare.server_process", lambda *a, **k: None)
+        real = server_command
+        monkeypatch.setattr("oc_prefix_cache.prepare.server_command",
+                            lambda *a, **k: (found[0], None) if (found := real(*a, **k)) else None)
     server, t = turns("qwen3")
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")
     for conv in (parent, parent, sub):
