@@ -50,6 +50,8 @@ class Done:
     reason: str
     exact: bool  # the slot holds exactly a prefix ocpc made (else that prefix plus the probe)
     tokens: tuple[int, ...] = ()  # what the slot now holds, when ocpc put it there
+    probe: int = 0  # how many of ``tokens`` are the probe's, after the prefix (fewer than
+    # PROBE_TOKENS when the request ends sooner)
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,6 @@ class Executor:
                         "set OC_PREFIX_CACHE_SLOT to one of its slots")
 
     # -- restore ---------------------------------------------------------------------------
-    def restore_head(self, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
-                     deadline: Deadline, witnessed: bool = False) -> Done:
-        return self.restore(Prefix("head", plan.fingerprint, plan.tokens), plan, slot, prove=prove, before=before,
-                            epoch=epoch, deadline=deadline, witnessed=witnessed)
-
     def restore(self, prefix: Prefix, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
                 deadline: Deadline, witnessed: bool = False) -> Done:
         """Restore ``prefix``'s file behind the gates.
@@ -153,7 +150,7 @@ class Executor:
             raise Contended(f"{gate.reason}, but {alone.reason}: not blamed on the file")
         self.tracker.prove(self.server, key, epoch=epoch)
         return Done("restored", f"restored {_what(prefix.kind)} and gated in {_ms(started)} ms: {gate.reason}",
-                    False, tokens + probe)
+                    False, tokens + probe, probe=len(probe))
 
     def _check_digest(self, fp: str, path: Path, *, deadline: Deadline) -> None:
         try:

@@ -41,7 +41,7 @@ from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
 from .parking import Parker
 from .parks import Park, find_park, project_entry, project_key
-from .planner import PROBE_TOKENS, HeadPlan, HeadPlanner, KnownPrefix
+from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .server_info import flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient
@@ -363,7 +363,8 @@ class Preparer:
 
     def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
                    project: str | None, server: ServerIdentity, deadline: Deadline) -> _Loaded:
-        """Do what the decision says; a longer prefix that fails its gates falls back to the head."""
+        """Do what the decision says; a longer prefix that fails its gates falls back to the
+        head, a head that fails them is rebuilt."""
         head = Prefix("head", plan.fingerprint, plan.tokens)
         if action.kind == "hit":
             holding = seen.holding
@@ -375,46 +376,35 @@ class Preparer:
                 return _Loaded(Done("hit", action.reason, exact), Prefix("proj", project, plan.project),
                                len(plan.project), "", "slot")
             return _Loaded(Done("hit", action.reason, exact), head, len(plan.tokens), "", "slot")
-        if action.kind == "restore" and action.target in ("proj", "park"):
-            prefix = Prefix("proj", project or "", plan.project) if action.target == "proj" \
-                else Prefix("conv", park.key if park else "", ())
-            try:
-                done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
-                                             epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
-                n = len(done.tokens) - (0 if done.exact else PROBE_TOKENS)
-                return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
-                               Prefix(prefix.kind, prefix.key, done.tokens[:n]), n,
-                               slot_filename(prefix.key, prefix.kind), action.target)
-            except GateFailed as failure:
+        if action.kind != "restore":
+            done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
+                                           why=action.reason)
+            return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
+        prefix = {"proj": Prefix("proj", project or "", plan.project),
+                  "park": Prefix("conv", park.key if park else "", ())}.get(action.target, head)
+        try:
+            done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
+                                         epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
+        except GateFailed as failure:
+            self.executor.erase_quietly(slot, deadline=deadline)
+            if prefix.kind != "head":
                 self._count(f"gate_failed:{prefix.kind}")
                 log.warning("%s %s failed its gates (%s); loading the head instead",
                             "project head" if prefix.kind == "proj" else "park", prefix.key, failure)
-                self.executor.erase_quietly(slot, deadline=deadline)
-                action = replace(action, target="head", prove=True, kind="restore"
-                                 if self._file_state("head", plan.fingerprint) is not FileState.MISSING else "warm")
-            except Contended as exc:
-                self._count("contended")
-                raise OcpcError(f"contention: {exc}") from exc
-        file = slot_filename(plan.fingerprint)
-        if action.kind == "restore":
-            try:
-                done = self.executor.restore_head(plan, slot, prove=action.prove, before=seen.now,
-                                                  epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
-                return _Loaded(Done(done.action, f"{action.reason}: {done.reason}", done.exact, done.tokens),
-                               head, len(plan.tokens), file, "head")
-            except GateFailed as failure:
-                self._count("gate_failed")
-                self._condemned(plan, failure, server=server)
-                self.executor.erase_quietly(slot, deadline=deadline)
-                done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
-                                               why=f"gate failed ({failure}); rebuilt")
-                return _Loaded(done, head, len(plan.tokens), file, "head")
-            except Contended as exc:
-                self._count("contended")
-                raise OcpcError(f"contention: {exc}") from exc
-        done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
-                                       why=action.reason)
-        return _Loaded(done, head, len(plan.tokens), file, "head")
+                fallback = "restore" if self._file_state("head", plan.fingerprint) is not FileState.MISSING else "warm"
+                return self._carry_out(replace(action, target="head", prove=True, kind=fallback), plan, slot, seen,
+                                       park=None, project=project, server=server, deadline=deadline)
+            self._count("gate_failed")
+            self._condemned(plan, failure, server=server)
+            done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
+                                           why=f"gate failed ({failure}); rebuilt")
+            return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
+        except Contended as exc:
+            self._count("contended")
+            raise OcpcError(f"contention: {exc}") from exc
+        n = len(done.tokens) - done.probe
+        return _Loaded(replace(done, reason=f"{action.reason}: {done.reason}"), Prefix(prefix.kind, prefix.key,
+                       done.tokens[:n]), n, slot_filename(prefix.key, prefix.kind), action.target)
 
     def _save_project(self, plan: HeadPlan, loaded: _Loaded, slot: int, seen: Seen, *, key: str,
                       server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
