@@ -50,12 +50,22 @@ def _flock_within(handle: IO[str], path: Path, timeout: float) -> None:
             time.sleep(0.05)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically; OSError on failure, nothing half-written."""
+def write_atomic(path: Path, data: bytes, *, like: os.stat_result | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically; OSError on failure, nothing half-written.
+
+    ``like``: the replaced file's stat, whose mode and (when allowed) owner the new file gets
+    before the rename, so there is no moment at which a user's 0644 config is 0600 or root's.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
+            if like is not None:
+                os.fchmod(out.fileno(), like.st_mode & 0o7777)
+                try:
+                    os.fchown(out.fileno(), like.st_uid, like.st_gid)
+                except PermissionError:
+                    pass  # only root can give a file away; then it was ours to begin with
             out.write(data)
             out.flush()
             os.fsync(out.fileno())

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -380,3 +381,22 @@ def test_a_relative_config_path_is_recorded_absolute(tmp_path: Path, monkeypatch
         uninstall(settings(), config_path=Path("settings.json"))  # b has no install: a's record is not its
     uninstall(settings(), config_path=original)
     assert original.read_text() == CLAUDE_SETTINGS
+
+
+def test_the_new_config_has_the_users_mode_before_it_takes_the_old_ones_place(tmp_path: Path, monkeypatch) -> None:
+    """A crash between the rename and a chmod after it left a 0644 config 0600 (root's, under
+    sudo): the mode is set on the temp file, before the rename."""
+    config = tmp_path / "settings.json"
+    config.write_text(CLAUDE_SETTINGS)
+    config.chmod(0o644)
+    modes: list[int] = []
+    real = os.replace
+
+    def spy(src: Any, dst: Any) -> None:
+        modes.append(stat.S_IMODE(os.stat(src).st_mode))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    assert claude_install(config)
+    assert modes and modes[0] == 0o644
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644

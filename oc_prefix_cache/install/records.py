@@ -169,18 +169,10 @@ def write_keeping_mode(path: Path, data: bytes) -> None:
     """Write atomically, keeping an existing file's mode and (when allowed) its owner:
     a 0644 config stays 0644, and root editing a user's config leaves it the user's."""
     try:
-        before = path.stat()
+        before: os.stat_result | None = path.stat()
     except FileNotFoundError:
-        write_atomic(path, data)
-        return
-    write_atomic(path, data)
-    os.chmod(path, before.st_mode & 0o7777)
-    after = path.stat()
-    if (after.st_uid, after.st_gid) != (before.st_uid, before.st_gid):
-        try:
-            os.chown(path, before.st_uid, before.st_gid)
-        except PermissionError:
-            pass  # only root can give a file away; then it was ours to begin with
+        before = None
+    write_atomic(path, data, like=before)
 
 
 def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
