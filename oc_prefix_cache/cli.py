@@ -353,6 +353,7 @@ def launch(
     Extra llama-server arguments go after `--` (e.g. `-- -c 32768 -ngl 99`) and win over ours.
     """
     from . import launch as launcher
+    from .logs import setup_logging
     from .rig import ensure_rig, find_server
     from .tinymodels import ensure_model
 
@@ -372,6 +373,7 @@ def launch(
                                           launcher.supported_options(launcher.server_help(server.path)), ctx.args)
         for note in notes:
             _progress(note)
+        setup_logging(settings.log_dir / "daemon.log")  # docs/operations.md points users here
         status = err.status("loading the model")
         status.start()
         code = launcher.run(settings, binary=server.path, argv=argv, port=port, host=host, say=_progress,

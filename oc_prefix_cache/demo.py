@@ -325,22 +325,23 @@ class DemoResult:
 
 def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx_size: int = 16384) -> DemoResult:
     load_start = load_average()
+    threads, bodies = server_threads(), Bodies.captured()
     with tempfile.TemporaryDirectory(prefix="ocpc-demo-") as tmp:
         work = Path(tmp)
         config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=work / "slots",
-                              ctx_size=ctx_size, extra_args=("-t", str(server_threads())))
+                              ctx_size=ctx_size, extra_args=("-t", str(threads)))
+        # not started here: each round starts it fresh (restart_fresh), so a big model loads once per round
         server = LlamaServer(config=config, log_path=work / "llama-server.log")
-        step(f"starting llama-server with {model.name}")
-        server.start(timeout=600)
+        step(f"llama-server with {model.name}, started fresh for each round")
         samples: list[Sample] = []
         try:
             with httpx.Client() as http:  # one client: no per-call connection set-up in the timings
                 stage = Stage(http=http, server=server, work=work, binary=binary)
                 for index in range(rounds):
-                    samples += run_round(stage, index, Bodies.captured(), step)
+                    samples += run_round(stage, index, bodies, step)
         finally:
             server.stop()
-    return DemoResult(samples=samples, load_start=load_start, load_end=load_average(), threads=server_threads())
+    return DemoResult(samples=samples, load_start=load_start, load_end=load_average(), threads=threads)
 
 
 def render_demo(data: dict[str, Any], model_name: str, out: Console) -> None:

@@ -27,7 +27,6 @@ from .daemon import Daemon
 from .deadline import Deadline
 from .errors import ConfigError, OcpcError, ProcessError
 from .files import write_atomic
-from .logs import setup_logging
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .prepare import Preparer
 from .process import Supervised
@@ -157,7 +156,6 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
         on_wait(seconds)
 
     url = f"http://{host}:{port}"
-    setup_logging(settings.log_dir / "daemon.log")  # docs/operations.md points users here
     server = Supervised(name="llama-server", argv=argv, health_url=f"{url}/health",
                         log_path=settings.log_dir / f"llama-server-{port}.log", die_with_parent=True)
     daemon: Daemon | None = None
