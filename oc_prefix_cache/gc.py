@@ -110,11 +110,9 @@ def name_kind(name: str) -> Kind | None:
 
 
 def doctor_pid(name: str) -> int | None:
-    """The pid in a doctor probe's name (ASCII digits only: ``\\d`` also takes other scripts)."""
+    """The pid in a doctor probe's name (``DOCTOR_RE`` takes ASCII digits only)."""
     match = DOCTOR_RE.fullmatch(name)
-    if match is None or not match.group(1).isascii():
-        return None
-    return int(match.group(1))
+    return int(match.group(1)) if match else None
 
 
 def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str | None,
@@ -254,11 +252,7 @@ def _decide_proj(f: DiskFile, view: _IndexView, limits: _Limits, when: float, ex
                        f"orphan project head (not in the index), {_age(age)} old: {tail}", when)
     if expires:
         return _decide(f, "keep", "ttl", f"project head valid for {_age(expires - limits.now)} more", when)
-    age = limits.now - when
-    if age <= limits.ttl_days * DAY:
-        return _decide(f, "keep", "ttl", f"used {_age(age)} ago (no expiry; TTL {limits.ttl_days:g} days)", when)
-    return _decide(f, "delete", "expired", f"unused for {_age(age)} (no expiry; TTL {limits.ttl_days:g} days)",
-                   when)
+    return _decide_head(f, view, limits, when)
 
 
 def _decide_conv(f: DiskFile, view: _IndexView, limits: _Limits, when: float) -> Decision:
