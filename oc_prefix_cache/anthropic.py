@@ -111,7 +111,18 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def upstream_body(chat: dict[str, Any], *, id_slot: int | None = None) -> dict[str, Any]:
     """``chat`` plus the output-only fields the translators need (see the module docstring)."""
-    out = {**chat, "timings_per_token": True, "verbose": True, "response_fields": ["stopping_word"]}
+    return {**chat, **_output_fields(id_slot)}
+
+
+def upstream_bytes(chat_raw: bytes, *, id_slot: int | None = None) -> bytes:
+    """``dump_json(upstream_body(chat))`` from ``chat_raw = dump_json(to_chat(...))``, without
+    serialising the whole history a second time (about 2 ms per 500 KB on the proxy's path).
+    ``to_chat`` never writes these fields, so appending them is the same as the dict update."""
+    return chat_raw[:-1] + b"," + dump_json(_output_fields(id_slot))[1:].encode()
+
+
+def _output_fields(id_slot: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"timings_per_token": True, "verbose": True, "response_fields": ["stopping_word"]}
     if id_slot is not None:
         out["id_slot"] = id_slot
     return out

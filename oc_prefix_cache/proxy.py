@@ -46,7 +46,7 @@ import xxhash
 
 from . import __version__
 from .affinity import AffinityTable, Want, choose
-from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_body
+from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
 from .errors import LockTimeout, OcpcError
 from .harness import Adapter, ClaudeCodeAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter, select
@@ -282,9 +282,9 @@ class Proxy:
             self.table.begin(slot, conversation)
         pinned = n_slots > 1
         if api == "anthropic":
-            up = upstream_body(chat, id_slot=slot if pinned else None)
-            plan = Plan(path="/v1/chat/completions", body=dump(up), translate=True, stream=stream, slot=slot)
             chat_raw = dump(chat)
+            up = upstream_bytes(chat_raw, id_slot=slot if pinned else None)
+            plan = Plan(path="/v1/chat/completions", body=up, translate=True, stream=stream, slot=slot)
         else:
             chat_raw = raw if not changes else dump(body)
             forwarded = chat_raw

@@ -27,11 +27,13 @@ import pytest
 from oc_prefix_cache.anthropic import (
     StreamTranslator,
     TranslationError,
+    dump_json,
     normalize_billing_header,
     sse_event,
     to_chat,
     to_message,
     upstream_body,
+    upstream_bytes,
 )
 from oc_prefix_cache.harness import ClaudeCodeAdapter, Incoming
 
@@ -178,6 +180,16 @@ def test_upstream_body_adds_output_only_fields() -> None:
     assert body == {**chat, "timings_per_token": True, "verbose": True,
                     "response_fields": ["stopping_word"], "id_slot": 1}
     assert "id_slot" not in upstream_body(chat)
+
+
+@pytest.mark.parametrize("path", CC_BODIES + SUB_BODIES, ids=lambda p: p.name)
+def test_the_proxys_upstream_bytes_equal_the_dumped_upstream_body(path: Path) -> None:
+    """The proxy appends the output-only fields to the chat's bytes instead of dumping the
+    whole history twice; the bytes must be exactly the dumped ``upstream_body``."""
+    chat = to_chat(capture(path)[1])
+    for slot in (None, 0, 3):
+        expected = dump_json(upstream_body(chat, id_slot=slot)).encode()
+        assert upstream_bytes(dump_json(chat).encode(), id_slot=slot) == expected
 
 
 # -- the stream translator: faults the real server does not produce on demand ---------------------------------
