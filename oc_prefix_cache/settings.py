@@ -83,9 +83,9 @@ class Settings:
     markers: tuple[str, ...]
     daemon_host: str
     daemon_port: int
-    proxy_port: int = 8766
-    park_min_tokens: int = 256
-    adapters: frozenset[str] = frozenset({"opencode", "claude-code", "pi", "generic"})
+    proxy_port: int
+    park_min_tokens: int
+    adapters: frozenset[str]
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
@@ -104,13 +104,15 @@ class Settings:
 
     @property
     def daemon_url(self) -> str:
-        host = f"[{self.daemon_host}]" if ":" in self.daemon_host else self.daemon_host
-        return f"http://{host}:{self.daemon_port}"
+        return self._local_url(self.daemon_port)
 
     @property
     def proxy_url(self) -> str:
+        return self._local_url(self.proxy_port)
+
+    def _local_url(self, port: int) -> str:
         host = f"[{self.daemon_host}]" if ":" in self.daemon_host else self.daemon_host
-        return f"http://{host}:{self.proxy_port}"
+        return f"http://{host}:{port}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -141,7 +143,7 @@ class Settings:
             daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
             proxy_port=_int(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766, minimum=1),
             park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
-            adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", "opencode,claude-code,pi,generic")),
+            adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
