@@ -55,6 +55,7 @@ ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
+GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
 
 
 @dataclass
@@ -127,13 +128,14 @@ class Preparer:
         self.planner = planner or HeadPlanner()
         self.usage = UsageLog(store)
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
-                                 on_saved=lambda: self._schedule(self._collect_garbage))
+                                 on_saved=self._gc_soon)
         self.parker = Parker(client=client, planner=self.planner, executor=self.executor, tracker=self.tracker)
         self.server_binary = server_binary
         self.stats = Stats()
         self._runtime = runtime  # how `ocpc launch` started the server, when it did
         self._schedule = schedule or _in_a_thread
         self._guard = threading.Lock()
+        self._gc_queued_at: float | None = None
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._seq = 0
 
@@ -520,6 +522,16 @@ class Preparer:
                   failure, likely_cause(hybrid=server.hybrid, build_info=server.build, head_tokens=len(plan.tokens),
                                         checkpoint_min_step=int(step) if step and step.isdigit() else None))
 
+    def _gc_soon(self) -> None:
+        """After a save: one gc pass queued, however many saves a prepare made (a park, a warm
+        and a project head are three saves; one pass after them sees them all)."""
+        now = time.monotonic()
+        with self._guard:  # a pass queued long ago was dropped (a full queue): queue another
+            if self._gc_queued_at is not None and now - self._gc_queued_at < GC_REQUEUE_S:
+                return
+            self._gc_queued_at = now
+        self._schedule(self._collect_garbage)
+
     def _collect_garbage(self) -> None:
         """The same policy as `ocpc gc`, after each save, off the request path.
 
@@ -527,6 +539,8 @@ class Preparer:
         moment ago as used and current, not as last used a month ago."""
         from .gc import run_gc
 
+        with self._guard:
+            self._gc_queued_at = None  # a save from here on queues the next pass
         self.flush_usage()
         try:
             plan = run_gc(self.settings, dry_run=False)

@@ -409,6 +409,21 @@ def test_the_gc_a_save_schedules_keeps_a_head_restored_just_before(prep, monkeyp
     assert head.fingerprint in rig.store.load().entries
 
 
+def test_saves_in_a_row_queue_one_gc_pass(prep) -> None:
+    """A warm and its project head are two saves; one gc pass after them sees both (each
+    pass lists the folder and reads the index)."""
+    _, rig = prep("qwen3")
+    jobs: list[Callable[[], None]] = []
+    rig.preparer._schedule = jobs.append
+    assert rig.prepare(PROJ_A, session="ses_a").action == "warmed"
+    assert len(jobs) == 1
+    jobs.pop()()
+    other = capture(PROJ_A)
+    other["tools"] = other["tools"][:3]
+    assert rig.prepare(other, session="ses_x").action == "warmed"
+    assert len(jobs) == 1  # once a pass has started, the next save queues the next
+
+
 def test_after_a_restart_every_file_is_gated_again(prep) -> None:
     """Proofs belong to a server process: a restart voids them, whichever head comes first."""
     server, rig = prep("qwen3")
