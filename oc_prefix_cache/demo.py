@@ -39,7 +39,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .daemon import Daemon
+from .launch import family_flags
 from .llama_process import LlamaServer, ServerConfig, free_port
+from .server_info import model_family
 from .settings import Settings
 
 UA = "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14"
@@ -323,13 +325,16 @@ class DemoResult:
         }
 
 
-def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx_size: int = 16384) -> DemoResult:
+def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx_size: int = 16384,
+             extra_args: tuple[str, ...] = ()) -> DemoResult:
+    """``extra_args``: the user's llama-server arguments, after ours (theirs win)."""
     load_start = load_average()
     threads, bodies = server_threads(), Bodies.captured()
+    family_args = tuple(arg for flag in family_flags(model_family(str(model))) for arg in flag.args())
     with tempfile.TemporaryDirectory(prefix="ocpc-demo-") as tmp:
         work = Path(tmp)
         config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=work / "slots",
-                              ctx_size=ctx_size, extra_args=("-t", str(threads)))
+                              ctx_size=ctx_size, extra_args=("-t", str(threads), *family_args, *extra_args))
         # not started here: each round starts it fresh (restart_fresh), so a big model loads once per round
         server = LlamaServer(config=config, log_path=work / "llama-server.log")
         step(f"llama-server with {model.name}, started fresh for each round")

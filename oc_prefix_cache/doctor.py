@@ -21,6 +21,7 @@ import httpx
 
 from .demo import opencode_body
 from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
+from .families import SWA_FULL, CacheFacts, Family
 from .fingerprint import adapter_settings, kv_settings
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
@@ -83,13 +84,14 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None,
                                                f"model {props.get('model_path')}"))
         port = port_of(settings.base_url)
         argv = server_argv(settings.base_url, runtime=read_runtime(settings, port) if port else None)
-        identity = identity_from_props(props, binary=None)
+        identity = identity_from_props(props, binary=None, argv=argv)
         checks.append(_slot_save_path(settings, client))
         layout, head_tokens = _layout(settings, client)
         checks.append(layout)
-        checks.append(_build(str(props.get("build_info") or "unknown"), identity.hybrid, props))
+        checks.append(_family(identity.cache))
+        checks.append(_build(str(props.get("build_info") or "unknown"), identity.cache.partial_cache, props))
         checks.append(_kv_flags(argv, client, port))
-        checks.append(_min_step(argv, head_tokens, identity.hybrid))
+        checks.append(_min_step(argv, head_tokens, identity.cache.family is Family.HYBRID))
         checks.append(_slots(int(props.get("total_slots") or 1), opencode_config or _default_config()))
         checks.append(_disk(settings))
     return checks
@@ -167,6 +169,24 @@ def _without_tools(raw: bytes) -> bytes:
     data.pop("tools", None)
     data.pop("tool_choice", None)
     return json.dumps(data).encode()
+
+
+def _family(cache: CacheFacts) -> Check:
+    """The model's cache family, and whether the server's flags let a restore serve there."""
+    label = f"{cache.family.label} model"
+    why_not = cache.restores_serve
+    if why_not:
+        return Check("cache-family", "fail", f"{label}: {why_not}; until then ocpc stands down",
+                     f"restart llama-server with {cache.fix} (or run it with `ocpc launch`)")
+    if cache.family is Family.SWA and cache.swa_full is None:
+        return Check("cache-family", "warn", f"{label}: cannot see whether the server runs with {SWA_FULL}; "
+                     "without it no restore is reused (ocpc then finds out and stands down)",
+                     f"start llama-server with {SWA_FULL}, or with `ocpc launch` so its flags are recorded")
+    how = {Family.TRANSFORMER: "restores are reused by common prefix",
+           Family.SWA: f"{SWA_FULL} is on: restores are reused by common prefix",
+           Family.HYBRID: "restores are reused as exact token prefixes (what ocpc saves)",
+           Family.UNKNOWN: "the model file is not readable here: assuming exact prefixes only"}[cache.family]
+    return Check("cache-family", "warn" if cache.family is Family.UNKNOWN else "ok", f"{label}: {how}")
 
 
 def _build(build_info: str, hybrid: bool, props: dict[str, Any]) -> Check:

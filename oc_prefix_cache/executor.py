@@ -37,7 +37,12 @@ INDEX_WAIT_S = 2.0  # the longest a prepare waits for the index lock (another da
 
 
 class GateFailed(OcpcError):
-    """Evidence against the file itself: it must be rebuilt."""
+    """Evidence against the file itself: it must be rebuilt. ``probe``: the server did not
+    reuse it on an untouched slot (the evidence that, repeated, is about the server)."""
+
+    def __init__(self, message: str, *, probe: bool = False) -> None:
+        super().__init__(message)
+        self.probe = probe
 
 
 class Contended(OcpcError):
@@ -52,6 +57,7 @@ class Done:
     tokens: tuple[int, ...] = ()  # what the slot now holds, when ocpc put it there
     probe: int = 0  # how many of ``tokens`` are the probe's, after the prefix (fewer than
     # PROBE_TOKENS when the request ends sooner)
+    proved: bool = False  # the probe gate passed: the server reused this restore
 
 
 @dataclass(frozen=True)
@@ -146,11 +152,11 @@ class Executor:
                               probe_processed=timings.prompt_n, probe_tokens=len(tokens) + len(probe),
                               after_tokens=after.n_tokens, was_busy=before.busy)
             if alone.ok:
-                raise GateFailed(f"{gate.reason}; {alone.reason}")
+                raise GateFailed(f"{gate.reason}; {alone.reason}", probe=True)
             raise Contended(f"{gate.reason}, but {alone.reason}: not blamed on the file")
         self.tracker.prove(self.server, key, epoch=epoch)
         return Done("restored", f"restored {_what(prefix.kind)} and gated in {_ms(started)} ms: {gate.reason}",
-                    False, tokens + probe, probe=len(probe))
+                    False, tokens + probe, probe=len(probe), proved=True)
 
     def _check_digest(self, fp: str, path: Path, *, deadline: Deadline) -> None:
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 import xxhash
 
+from .families import CacheFacts
 from .head import Head
 
 FORMAT = 2  # bump when the fingerprint's inputs change meaning (2: KV flags and LoRA adapters)
@@ -49,7 +50,7 @@ class ServerIdentity:
     n_ctx: int  # per slot
     total_slots: int
     kv_types: str  # cache types when the server reports them, else ""
-    hybrid: bool  # recurrent/hybrid/SWA: only exact-prefix restores are reusable
+    cache: CacheFacts  # the model's cache family and the flags that decide what a restore is worth
     # The allow-listed flags in effect (``kv_settings``); None when the command line is not
     # visible, so such a server can never share a fingerprint with one whose flags are known.
     kv_flags: tuple[str, ...] | None = None
@@ -68,7 +69,7 @@ class FingerprintInputs:
 def _server_part(server: ServerIdentity) -> dict[str, Any]:
     part = asdict(server)
     part.pop("total_slots")  # a file fits any slot of the same n_ctx
-    part.pop("hybrid")  # derived from the model file, already covered
+    part.pop("cache")  # derived from the model file and the KV flags, both already covered
     return part
 
 

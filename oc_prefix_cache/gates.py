@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .families import CacheFacts, Family
+
 PROBE_MIN_REUSE = 0.90
 REPORT_MIN_REUSE = 0.90
 # Upstream PR #26004 (said to ship in b11500) persists context checkpoints in slot files.
@@ -94,11 +96,14 @@ def has_checkpoint_files(build_info: str) -> bool:
     return number is not None and number >= CHECKPOINT_FILES_BUILD
 
 
-def likely_cause(*, hybrid: bool, build_info: str, head_tokens: int,
+def likely_cause(*, cache: CacheFacts, build_info: str, head_tokens: int,
                  checkpoint_min_step: int | None) -> str:
     """A human guess at why a gate failed, for the loud log line."""
-    causes = []
-    if hybrid and not has_checkpoint_files(build_info):
+    causes = [cause for cause in (cache.restores_serve,) if cause]
+    if cache.family is Family.SWA and cache.swa_full is None:
+        causes.append("a sliding-window model on a server whose flags ocpc cannot see: without "
+                      "--swa-full no restore is reused")
+    if cache.partial_cache and not has_checkpoint_files(build_info):
         causes.append(
             f"hybrid/SWA model on build {build_info or 'unknown'} (< b{CHECKPOINT_FILES_BUILD}): "
             "only an exact token prefix is reusable"

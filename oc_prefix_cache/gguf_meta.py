@@ -1,8 +1,7 @@
 """Read a GGUF file's key/value header: enough to know the architecture and its cache kind.
 
-Why: a hybrid (recurrent + attention) or sliding-window model can reuse a restored slot
-only when the next prompt strictly extends every saved token, so the prepare path and
-``doctor`` need to know which kind of model the server runs. gguf-py would do, but it is
+Why: what a restored slot is worth depends on the model's cache family (families.py), so
+the prepare path, ``launch`` and ``doctor`` need to know which kind of model the server runs. gguf-py would do, but it is
 not a runtime dependency; the header format is small and stable.
 """
 
@@ -14,15 +13,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import OcpcError
+from .families import Family, family_of
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-# Keys that, when non-zero, mean a recurrent, hybrid or sliding-window cache. Values, not
-# mere presence: some writers emit every key with zeros.
-_PARTIAL_CACHE_KEYS = (
-    "ssm.state_size", "ssm.inner_size", "wkv.head_size", "shortconv.l_cache",
-    "attention.sliding_window", "full_attention_interval",
-)
 
 
 @dataclass(frozen=True)
@@ -31,13 +25,25 @@ class GgufInfo:
     keys: dict[str, Any]  # scalars and strings only; arrays are skipped
 
     @property
-    def partial_cache(self) -> bool:
-        """Recurrent, hybrid or SWA: only exact-prefix restores are reusable."""
-        prefix = f"{self.architecture}."
-        return any(
-            isinstance(self.keys.get(prefix + key), int) and self.keys[prefix + key] > 0
-            for key in _PARTIAL_CACHE_KEYS
-        )
+    def family(self) -> Family:
+        """Transformer, hybrid/recurrent or sliding-window (families.py says what each means)."""
+        return family_of(self.architecture, self.keys)
+
+    def kv_bytes_per_token(self, *, element_bytes: float = 2.0) -> int | None:
+        """K and V of every layer at full size (f16 by default): what a slot file or a full
+        cache holds per token. None when the header lacks the shapes."""
+        arch = f"{self.architecture}."
+        layers, kv_heads = self.keys.get(arch + "block_count"), self.keys.get(arch + "attention.head_count_kv")
+        heads = self.keys.get(arch + "attention.head_count")
+        embd = self.keys.get(arch + "embedding_length")
+        if not isinstance(layers, int) or not isinstance(embd, int):
+            return None
+        kv_heads = kv_heads if isinstance(kv_heads, int) and kv_heads > 0 else heads
+        if not isinstance(kv_heads, int) or not isinstance(heads, int) or heads <= 0:
+            return None
+        k_len = self.keys.get(arch + "attention.key_length") or embd // heads
+        v_len = self.keys.get(arch + "attention.value_length") or embd // heads
+        return int(layers * kv_heads * (int(k_len) + int(v_len)) * element_bytes)
 
     @property
     def context_length(self) -> int | None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from .daemon import Daemon
 from .deadline import Deadline
 from .errors import ConfigError, OcpcError, ProcessError
+from .families import SWA_FULL, Family
 from .files import write_atomic
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .prepare import Preparer
@@ -42,6 +43,22 @@ class Flag:
     names: tuple[str, ...]  # every spelling, the first is what we pass
     value: str | None
     why: str
+
+    def args(self, name: str | None = None) -> list[str]:
+        """The flag as arguments, under ``name`` (a spelling this build knows) or its first."""
+        name = name or self.names[0]
+        return [name] if self.value is None else [name, self.value]
+
+
+def family_flags(family: Family, *, swa_full: bool = True) -> list[Flag]:
+    """What the model's cache family needs for a restore to serve (families.py). An SWA model
+    gets a full-size SWA cache: the same slot files, more KV memory (docs/configuration.md
+    gives the cost for gpt-oss); ``ocpc launch --no-swa-full`` opts out, and ocpc then stands
+    down on that server."""
+    if family is Family.SWA and swa_full:
+        return [Flag((SWA_FULL,), None, "a sliding-window model: without a full-size SWA cache the server "
+                     "re-processes the whole prompt after every restore")]
+    return []
 
 
 def cache_flags(*, settings: Settings, host: str, port: int, parallel: int, checkpoint_min_step: int,
@@ -89,7 +106,7 @@ def build_argv(binary: Path, model: Path, flags: Sequence[Flag], supported: set[
         if name is None:
             notes.append(f"{flag.names[0]}: this build does not know it; skipped ({flag.why})")
             continue
-        argv += [name] if flag.value is None else [name, flag.value]
+        argv += flag.args(name)
     return argv + list(extra), notes
 
 

@@ -35,6 +35,7 @@ from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, SlotFileError, StoreError
 from .executor import Contended, Done, Executor, GateFailed, Prefix
+from .families import CacheFacts
 from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
 from .harness.base import head_by_markers
@@ -46,6 +47,7 @@ from .server_info import flag_value, gather_identity, process_start, server_comm
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import read_header, slot_filename
+from .standdown import StandDown, StoodDown
 from .store import Index, Store, UsageLog, slot_key
 from .tracker import Holding, Seen, SlotTracker
 
@@ -138,6 +140,7 @@ class Preparer:
         self._gc_queued_at: float | None = None
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._seq = 0
+        self.standdown = StandDown()
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
@@ -158,6 +161,9 @@ class Preparer:
         try:
             result = self._prepare(raw, lower, slot, deadline, session, rule)
         except BadRequestBody as exc:
+            result = PrepareResult("skipped", reason=str(exc))
+        except StoodDown as exc:  # learned part-way (the slot was erased after a failed gate)
+            self.tracker.forget(self.server, slot, "ocpc stood down on this server")
             result = PrepareResult("skipped", reason=str(exc))
         except (DeadlineExceeded, LockTimeout) as exc:
             self._count("failed:deadline")
@@ -191,8 +197,13 @@ class Preparer:
             self._count(f"report_{verdict}")
             self._count(f"report_{verdict}:{record.action}")
             if served:
+                self.standdown.proof(record.epoch)
                 self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
             else:
+                if record.action == "restored":
+                    why = self.standdown.missed(record.epoch)
+                    if why is not None:
+                        self._declare(record.epoch, why)
                 self.tracker.forget(self.server, record.slot, "the real request missed what was prepared")
                 if record.file:
                     self.tracker.unprove(self.server, record.file)
@@ -225,6 +236,9 @@ class Preparer:
         this and loses at most the tails not parked yet; parks on disk are never touched.
         """
         out: list[dict[str, Any]] = []
+        if self.stood_down():
+            log.info("park before stop: nothing to park, ocpc stood down on this server (%s)", self.stood_down())
+            return out
         for slot in self.tracker.slots(self.server):
             item: dict[str, Any] = {"slot": slot}
             try:
@@ -251,6 +265,13 @@ class Preparer:
             out.append(item)
         return out
 
+    def stood_down(self) -> str | None:
+        """Why ocpc stands down on this server process (restores cannot serve), or None.
+
+        Memory only, no server call: the proxy asks before every request. A restart (a new
+        server process, noticed by any look at the slots) ends it; the facts are read again."""
+        return self.standdown.why(self.tracker.epoch(self.server))
+
     def flush_usage(self) -> None:
         try:
             self.usage.flush()
@@ -266,6 +287,7 @@ class Preparer:
                 "events": list(self.stats.events),
                 "last_report": self.stats.last_report,
                 "tracker": self.tracker.snapshot().get(self.server, {}),
+                "stood_down": self.stood_down(),
             }
 
     # -- the flow ----------------------------------------------------------------------
@@ -276,6 +298,9 @@ class Preparer:
         hit = self._same_conversation(raw, session, slot, deadline)
         if hit is not None:
             return hit
+        down = self._standing_down(slot, deadline)
+        if down is not None:
+            return down
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -293,6 +318,8 @@ class Preparer:
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
                 "the cache on its size and mtime, so run the daemon on the server's machine"
             )
+        if server.cache.restores_serve:  # known from the model and the flags: stand down at once
+            return self._stand_down(server.cache.restores_serve)
         identity = server_key(server, ocpc_version=__version__)
         harness = harness_of(headers.get("user-agent", ""))
         continuing = any(m.get("role") == "assistant" for m in body.messages)
@@ -313,7 +340,7 @@ class Preparer:
                 head=plan.fingerprint, head_file=self._file_state("head", plan.fingerprint),
                 park=self._file_state("conv", park.key) if park else FileState.MISSING,
                 project=project, project_file=self._project_state(index, project))
-            action = decide(_slot_facts(seen, conversation, partial_cache=server.hybrid,
+            action = decide(_slot_facts(seen, conversation, cache=server.cache,
                                         park_min=self.settings.park_min_tokens), request)
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
@@ -398,12 +425,18 @@ class Preparer:
                                        park=None, project=project, server=server, deadline=deadline)
             self._count("gate_failed")
             self._condemned(plan, failure, server=server)
+            why = self.standdown.probe_failed(seen.epoch) if failure.probe else None
+            if why is not None:
+                self._declare(seen.epoch, why)
+                raise StoodDown(f"standing down on this server: {why}")
             done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                            why=f"gate failed ({failure}); rebuilt")
             return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
         except Contended as exc:
             self._count("contended")
             raise OcpcError(f"contention: {exc}") from exc
+        if done.proved:
+            self.standdown.proof(seen.epoch)
         n = len(done.tokens) - done.probe
         return _Loaded(replace(done, reason=f"{action.reason}: {done.reason}"), Prefix(prefix.kind, prefix.key,
                        done.tokens[:n]), n, slot_filename(prefix.key, prefix.kind), action.target)
@@ -457,6 +490,32 @@ class Preparer:
             kind="conv", key=record.conversation, head=record.fingerprint, n_tokens=prompt,
             exact=False, left=now, conversation=record.conversation, stored=record.stored),
             trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
+
+    # -- standing down ---------------------------------------------------------------
+    def _standing_down(self, slot: int, deadline: Deadline) -> PrepareResult | None:
+        """Standing down on this server process: skip at once (one look at the slots, which
+        notices a restart: a new process is judged afresh)."""
+        if self.standdown.why(self.tracker.epoch(self.server)) is None:
+            return None
+        seen = self._observe(slot, deadline=deadline)
+        why = self.standdown.why(seen.epoch)
+        if why is None:
+            return None
+        self._count("stood_down")
+        return PrepareResult("skipped", reason=f"standing down on this server: {why}")
+
+    def _stand_down(self, why: str) -> PrepareResult:
+        self._declare(self.tracker.epoch(self.server), why)
+        self._count("stood_down")
+        return PrepareResult("skipped", reason=f"standing down on this server: {why}")
+
+    def _declare(self, epoch: int, why: str) -> None:
+        if self.standdown.declare(epoch, why):  # said once per server process
+            self._count("stand_down")
+            log.warning("ocpc stands down on %s until it restarts: %s; requests go to the server as they "
+                        "would without ocpc", self.server, why)
+            with self._guard:
+                self.stats.events.append({"action": "stand_down", "reason": why, "at": time.time()})
 
     # -- helpers -----------------------------------------------------------------------
     def _known_park(self, park: Park | None) -> KnownPrefix | None:
@@ -519,7 +578,7 @@ class Preparer:
     def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:
         step = flag_value(self._server_argv() or [], ("--checkpoint-min-step", "-cms"))
         log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding", slot_filename(plan.fingerprint),
-                  failure, likely_cause(hybrid=server.hybrid, build_info=server.build, head_tokens=len(plan.tokens),
+                  failure, likely_cause(cache=server.cache, build_info=server.build, head_tokens=len(plan.tokens),
                                         checkpoint_min_step=int(step) if step and step.isdigit() else None))
 
     def _gc_soon(self) -> None:
@@ -595,14 +654,14 @@ def _in_a_thread(job: Callable[[], None]) -> None:
     threading.Thread(target=job, name="ocpc-job", daemon=True).start()
 
 
-def _slot_facts(seen: Seen, conversation: str, *, partial_cache: bool, park_min: int) -> SlotFacts:
+def _slot_facts(seen: Seen, conversation: str, *, cache: CacheFacts, park_min: int) -> SlotFacts:
     holding = seen.holding
     parkable = (holding is not None and holding.kind == "conv" and bool(holding.conversation)
                 and holding.conversation != conversation and seen.trail is not None
                 and holding.n_tokens - holding.stored >= park_min)
     return SlotFacts(restarted=seen.restarted, known=holding is not None, empty=not seen.now.n_tokens,
                      holds_head=holding.head if holding else None, exact=bool(holding and holding.exact),
-                     holds_conversation=holding.conversation if holding else "", partial_cache=partial_cache,
+                     holds_conversation=holding.conversation if holding else "", partial_cache=cache.partial_cache,
                      exact_key=holding.key if holding and holding.exact else None, occupant_parkable=parkable)
 
 

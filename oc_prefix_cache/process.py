@@ -81,7 +81,7 @@ class Supervised:
                 code = self.proc.poll()
                 if code is not None:
                     raise ProcessError(
-                        f"{self.name} exited with code {code} while starting; "
+                        f"{self.name} {exit_words(code)} while starting{start_advice(code, self.argv)}; "
                         f"last log lines:\n{tail(self.log_path)}"
                     )
                 try:
@@ -163,3 +163,24 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def exit_words(code: int) -> str:
+    """``exited with code 1`` or ``was killed by signal 11 (SIGSEGV)``: Popen gives -N for a signal."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def start_advice(code: int, argv: Sequence[str]) -> str:
+    """What to try when llama-server dies on start, from what is known to cause it."""
+    if code == -signal.SIGSEGV and "--no-repack" not in argv and "-nr" not in argv:
+        return ("; on some CPUs the repacked Q4_K/Q4_0 kernels of llama.cpp CPU builds crash right after "
+                "\"llama threadpool init\": try again with --no-repack (after `--`)")
+    if code == -signal.SIGKILL:
+        return "; the kernel may have killed it for memory: try a smaller -c (context) or model"
+    return ""

@@ -274,6 +274,13 @@ class Proxy:
             self.counters.add("not_prepared:unknown_slot")
             return Plan(path=path, body=raw, stream=stream,
                         why_not=f"id_slot {asked!r} is not a slot of this server: the server answers it")
+        down = self.preparer.stood_down()
+        if down is not None:  # restores cannot serve here: the request goes as it would without ocpc
+            self.counters.add("not_prepared:stood_down")
+            if api == "anthropic":
+                return Plan(path="/v1/chat/completions", body=upstream_bytes(dump(chat), id_slot=None),
+                            translate=True, stream=stream, why_not=f"standing down: {down}")
+            return Plan(path=path, body=raw, stream=stream, why_not=f"standing down: {down}")
         with self._choosing:  # choose and mark busy at once: two new conversations never pick one slot
             if client_slot:
                 slot, head_key, rule = asked, "", "client"  # the client chose: prepare that slot

@@ -165,38 +165,47 @@ def ensure_rig(settings: Settings, *, progress: Progress | None = None) -> Rig:
 
 
 def _sha256_ok(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest() == SDIST_SHA256
+    return path.is_file() and sha256_of(path) == SDIST_SHA256
 
 
 def _download_sdist(index_url: str, dest: Path) -> None:
     """Fetch the sdist by its PyPI simple-API entry; refuse it unless the sha256 matches."""
-    page = f"{index_url}/{SDIST_NAME}/"
+    download_from_pypi(index_url, SDIST_NAME, SDIST_FILE, dest)
+    if not _sha256_ok(dest):
+        dest.unlink()
+        raise RigError(f"{SDIST_FILE} from {index_url} does not match the pinned sha256 {SDIST_SHA256}")
+
+
+def download_from_pypi(index_url: str, project: str, filename: str, dest: Path) -> None:
+    """Fetch one release file by its PyPI simple-API entry into ``dest`` (through a temp name).
+    The caller checks what it got: a pinned sha256 is the only trust there is."""
+    page = f"{index_url}/{project}/"
+    tmp = dest.with_name(dest.name + ".part")
     try:
         with httpx.Client(timeout=httpx.Timeout(60.0), follow_redirects=True) as client:
             listing = client.get(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
             listing.raise_for_status()
             files = listing.json().get("files", [])
-            entry = next((f for f in files if f.get("filename") == SDIST_FILE), None)
+            entry = next((f for f in files if f.get("filename") == filename), None)
             if entry is None:
-                raise RigError(f"{page} does not list {SDIST_FILE}")
-            tmp = dest.with_suffix(".part")
+                raise RigError(f"{page} does not list {filename}")
             with client.stream("GET", entry["url"]) as response:
                 response.raise_for_status()
                 with open(tmp, "wb") as out:
                     for chunk in response.iter_bytes(1 << 20):
                         out.write(chunk)
     except httpx.HTTPError as exc:
-        raise RigError(f"could not download {SDIST_FILE} from {page}: {exc}") from exc
+        tmp.unlink(missing_ok=True)
+        raise RigError(f"could not download {filename} from {page}: {exc}") from exc
     tmp.replace(dest)
-    if not _sha256_ok(dest):
-        dest.unlink()
-        raise RigError(f"{SDIST_FILE} from {page} does not match the pinned sha256 {SDIST_SHA256}")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _extract(sdist: Path, dest: Path) -> None:

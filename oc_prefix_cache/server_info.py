@@ -33,6 +33,7 @@ from .fingerprint import (
     kv_settings,
     model_file_identities,
 )
+from .families import CTX_CHECKPOINTS, SWA_FULL, CacheFacts, Family
 from .gguf_meta import read_gguf_info
 from .process import pid_alive
 from .settings import Settings
@@ -71,27 +72,38 @@ def identity_from_props(props: dict[str, Any], *, binary: Path | None,
         n_ctx=int(settings.get("n_ctx") or 0),
         total_slots=int(props.get("total_slots") or 1),
         kv_types=kv_types(argv),
-        hybrid=_is_partial_cache_model(model_path),
+        cache=cache_facts(model_family(model_path), argv),
         kv_flags=kv_settings(argv) if argv is not None else None,
     )
 
 
-def _is_partial_cache_model(model_path: str) -> bool:
-    """True for hybrid/recurrent/SWA models; when unreadable, assume the strict case."""
+def cache_facts(family: Family, argv: list[str] | None) -> CacheFacts:
+    """The facts for a server running a model of ``family`` with command line ``argv``
+    (``LLAMA_ARG_*`` settings already folded in front, as ``server_command`` gives it);
+    the flags stay unknown (None) when the command line cannot be seen."""
+    if argv is None:
+        return CacheFacts(family)
+    checkpoints = flag_value(argv, CTX_CHECKPOINTS)
+    return CacheFacts(family, swa_full=flag_value(argv, (SWA_FULL,)) is not None,
+                      checkpoints=int(checkpoints) if checkpoints and checkpoints.isdigit() else None)
+
+
+def model_family(model_path: str) -> Family:
+    """The model file's cache family; UNKNOWN (treated as the strict case) when unreadable."""
     try:
         stat = Path(model_path).stat()
     except OSError:
-        return True
-    return _partial_cache_cached(model_path, stat.st_size, stat.st_mtime_ns)
+        return Family.UNKNOWN
+    return _family_cached(model_path, stat.st_size, stat.st_mtime_ns)
 
 
 @lru_cache(maxsize=16)
-def _partial_cache_cached(model_path: str, size: int, mtime_ns: int) -> bool:
+def _family_cached(model_path: str, size: int, mtime_ns: int) -> Family:
     """Memoised by file identity: reading the header takes ~50 ms, a stat microseconds."""
     try:
-        return read_gguf_info(Path(model_path)).partial_cache
+        return read_gguf_info(Path(model_path)).family
     except OcpcError:
-        return True
+        return Family.UNKNOWN
 
 
 # -- the server's command line --------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model
 from oc_prefix_cache.rig import Rig, ensure_rig
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.tinymodels import SPECS, ensure_model
@@ -42,15 +43,20 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def _rig_settings() -> Settings:
+    return Settings.from_env({"OC_PREFIX_CACHE_RIG_DIR": str(RIG_DIR), "OC_PREFIX_CACHE_HOME": "/nonexistent"})
+
+
 @pytest.fixture(scope="session")
 def rig() -> Rig:
-    settings = Settings.from_env({"OC_PREFIX_CACHE_RIG_DIR": str(RIG_DIR), "OC_PREFIX_CACHE_HOME": "/nonexistent"})
-    return ensure_rig(settings)
+    return ensure_rig(_rig_settings())
 
 
 @pytest.fixture(scope="session")
 def models(rig: Rig) -> dict[str, Path]:
-    return {name: ensure_model(rig, name) for name in SPECS}
+    """The tiny models (hybrid, transformer, and their twins) and the real Gemma 3 (SWA)."""
+    tiny = {name: ensure_model(rig, name) for name in SPECS}
+    return tiny | {name: ensure_real_model(rig, _rig_settings(), name) for name in REAL_MODELS}
 
 
 ServerFactory = Callable[..., LlamaServer]
@@ -64,10 +70,11 @@ def llama_server(rig: Rig, models: dict[str, Path], tmp_path: Path) -> Iterator[
     def start(model: str = "qwen35", *, slot_dir: Path | None | str = "default",
               ctx_size: int = 16384, parallel: int = 1, extra_args: tuple[str, ...] = ()) -> LlamaServer:
         slots = tmp_path / "ocpc" / "slots" if slot_dir == "default" else slot_dir
+        needs = REAL_MODELS[model].server_args if model in REAL_MODELS else ()  # what this machine needs
         config = ServerConfig(
             binary=rig.server, model=models[model], port=free_port(),
             slot_dir=Path(slots) if slots is not None else None,
-            ctx_size=ctx_size, parallel=parallel, extra_args=extra_args,
+            ctx_size=ctx_size, parallel=parallel, extra_args=(*needs, *extra_args),
         )
         server = LlamaServer(config=config, log_path=tmp_path / f"llama-server-{len(started)}.log")
         started.append(server)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from oc_prefix_cache.families import CacheFacts, Family
 from oc_prefix_cache.errors import BadRequestBody
 from oc_prefix_cache.fingerprint import (
     FileIdentity,
@@ -121,7 +122,7 @@ def test_harness_is_the_first_product_token() -> None:
 
 SERVER = ServerIdentity(
     model_path="/m/model.gguf", model_files=(FileIdentity("model.gguf", 100, 1),), build="b0-unknown|x|1|2",
-    chat_template_digest="t", n_ctx=16384, total_slots=1, kv_types="f16/f16", hybrid=True,
+    chat_template_digest="t", n_ctx=16384, total_slots=1, kv_types="f16/f16", cache=CacheFacts(Family.HYBRID),
 )
 
 

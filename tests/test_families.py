@@ -1,0 +1,168 @@
+"""Every model family, on the real server: the tiny hybrid, the tiny transformer and the real
+Gemma 3 270M (sliding-window attention), each started with the flags `ocpc launch` picks.
+
+Each family gets the cases a user meets every day: a new session, a server restart, a
+conversation parked by another and brought back, a damaged file. Then the SWA model on a
+server started without `--swa-full` (as a user's own server may be): ocpc knows or learns
+that no restore can serve there and stands down, so it costs nothing against plain
+llama-server; `ocpc doctor` names the flag.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oc_prefix_cache import prepare as prepare_module
+from oc_prefix_cache.doctor import run_checks
+from oc_prefix_cache.launch import family_flags
+from oc_prefix_cache.server_info import model_family
+from oc_prefix_cache.settings import Settings
+
+from . import workload
+from .helpers import PROJ_A, PROJ_B, capture, chat
+from .test_parking import FLAGS, Turns
+from .test_prepare import Rig
+
+pytestmark = pytest.mark.rig
+FAMILIES = pytest.mark.parametrize("model", ["qwen35", "qwen3", "gemma3"])
+
+
+def launch_flags(models: dict[str, Path], model: str) -> tuple[str, ...]:
+    """The family's flags as `ocpc launch` adds them (--swa-full for the SWA model)."""
+    return tuple(arg for flag in family_flags(model_family(str(models[model]))) for arg in flag.args())
+
+
+@pytest.fixture
+def family(llama_server, models):
+    """(server, Turns) for a model, with the checkpoint flags of the parking tests and the
+    family's own flags from the launcher."""
+    made: list[Turns] = []
+
+    def make(model: str, *, launch: bool = True, extra: tuple[str, ...] = ()) -> tuple[Any, Turns]:
+        flags = FLAGS + (launch_flags(models, model) if launch else ()) + extra
+        server = llama_server(model, ctx_size=32768, extra_args=flags)
+        t = Turns(server.url)
+        made.append(t)
+        return server, t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def served(timings: Any, result: Any) -> bool:
+    return result.prefix_tokens > 1000 and timings.cache_n >= 0.9 * result.prefix_tokens
+
+
+def test_the_rigs_models_are_one_of_each_family(models) -> None:
+    assert {name: model_family(str(models[name])).value for name in ("qwen35", "qwen3", "gemma3")} == {
+        "qwen35": "hybrid", "qwen3": "transformer", "gemma3": "swa"}
+    assert launch_flags(models, "gemma3") == ("--swa-full",)
+    assert launch_flags(models, "qwen35") == launch_flags(models, "qwen3") == ()
+
+
+@FAMILIES
+def test_a_new_session_and_one_after_a_restart_reuse_the_head(family, model: str) -> None:
+    server, t = family(model)
+    first, _ = t.turn(workload.parent("ses_a"))
+    assert first.action == "warmed", first
+    second, timings = t.turn(workload.other_project("ses_b"))
+    assert second.action in ("hit", "restored") and served(timings, second), (second, timings)
+    server.restart()
+    after, timings = t.turn(workload.other_project("ses_c"))
+    assert after.action == "restored" and "gated" in after.reason, after
+    assert served(timings, after), (after, timings)
+    assert t.preparer.stats.counters["warmed"] == 1  # one prefill of the head, ever
+
+
+@FAMILIES
+def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_tokens(family, model: str) -> None:
+    server, t = family(model)
+    parent, other = workload.parent(), workload.other_project()
+    for _ in range(3):
+        t.turn(parent)
+    displacing, _ = t.turn(other)
+    assert "parked the slot's conversation" in displacing.reason, displacing
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    t.assert_only_new_tokens(back, timings)
+
+
+@FAMILIES
+def test_a_damaged_head_file_fails_its_gate_and_is_rebuilt(family, model: str) -> None:
+    server, t = family(model)
+    t.turn(workload.parent("ses_a"))
+    server.restart()
+    [head] = t.settings.slot_dir.glob("oc-prefix-*.bin")
+    data = bytearray(head.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):  # damage the KV data, not the header
+        data[i] ^= 0xFF
+    head.write_bytes(bytes(data))
+    rebuilt, timings = t.turn(workload.other_project("ses_b"))
+    assert rebuilt.action == "warmed" and "gate failed" in rebuilt.reason, rebuilt
+    assert t.preparer.stats.counters["gate_failed"] == 1
+    assert t.preparer.stood_down() is None  # one damaged file is the file's fault, not the server's
+    assert timings.cache_n >= 0.9 * rebuilt.prefix_tokens
+
+
+# -- a sliding-window model on a server without --swa-full -------------------------------------
+
+def test_on_an_swa_server_without_swa_full_ocpc_stands_down_at_once(family) -> None:
+    """The flags are visible (the server's command line): ocpc knows, says so, and touches
+    nothing: no warm, no save, no slot action; the requests are the server's alone."""
+    server, t = family("gemma3", launch=False)
+    rig = Rig(server.url)
+    for body, session in ((capture(PROJ_A), "ses_a"), (capture(PROJ_B), "ses_b")):
+        result = rig.prepare(body, session=session)
+        assert result.action == "skipped" and "--swa-full" in result.reason, result
+        chat(server.url, body)
+    assert rig.transport.changes() == []  # not one restore, save, erase or evaluation
+    assert rig.slot_files() == [] and not list(rig.settings.slot_dir.glob("oc-*.bin"))
+    status = rig.preparer.status()
+    assert status["stood_down"] and "--swa-full" in status["stood_down"]
+    assert status["counters"]["stand_down"] == 1  # said once
+    rig.client.close()
+
+
+def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_asks_again(
+        family, monkeypatch) -> None:
+    """A server whose command line ocpc cannot read: the first restore's probe fails (a
+    rebuild: it might be the file), the second on the same server process is the server:
+    ocpc stands down. A restart is a new process, judged afresh."""
+    monkeypatch.setattr(prepare_module, "server_command", lambda *a, **k: None)
+    server, t = family("gemma3", launch=False)
+    sessions = iter(f"ses_{i}" for i in range(10))
+    answers = []
+    for _ in range(4):
+        result, _ = t.turn(workload.other_project(next(sessions)) if answers else workload.parent(next(sessions)))
+        answers.append(result)
+        t.turn(workload.explore_subagent(next(sessions)))  # another head takes the slot in between
+        if result.action == "skipped":
+            break
+    assert answers[-1].action == "skipped" and "standing down" in answers[-1].reason, answers
+    assert t.preparer.stood_down() is not None
+    later, _ = t.turn(workload.other_project(next(sessions)))
+    assert later.action == "skipped" and "standing down" in later.reason
+    server.restart()
+    t.preparer._observe(0)  # the daemon's watcher notices the restart
+    assert t.preparer.stood_down() is None
+
+
+def test_doctor_names_the_missing_flag_on_an_swa_server(llama_server, monkeypatch) -> None:
+    server = llama_server("gemma3", extra_args=("--metrics",))
+    settings = Settings.from_env({**dict(os.environ), "OC_PREFIX_CACHE_BASE_URL": server.url})
+    checks = {c.name: c for c in run_checks(settings)}
+    family_check = checks["cache-family"]
+    assert family_check.status == "fail", family_check
+    assert "sliding-window" in family_check.detail and "--swa-full" in family_check.fix
+
+
+def test_doctor_is_content_with_an_swa_server_that_has_swa_full(llama_server) -> None:
+    server = llama_server("gemma3", extra_args=("--swa-full",))
+    settings = Settings.from_env({**dict(os.environ), "OC_PREFIX_CACHE_BASE_URL": server.url})
+    check = {c.name: c for c in run_checks(settings)}["cache-family"]
+    assert check.status == "ok" and "--swa-full is on" in check.detail, check
