@@ -166,3 +166,20 @@ def test_doctor_is_content_with_an_swa_server_that_has_swa_full(llama_server) ->
     settings = Settings.from_env({**dict(os.environ), "OC_PREFIX_CACHE_BASE_URL": server.url})
     check = {c.name: c for c in run_checks(settings)}["cache-family"]
     assert check.status == "ok" and "--swa-full is on" in check.detail, check
+
+
+def test_a_server_that_dies_on_start_says_which_signal_and_what_to_try(rig, models, tmp_path: Path) -> None:
+    """Q4_K weights without --no-repack: this CPU build dies with SIGSEGV while loading on
+    these machines. The error must say so and name the flag (a machine where it loads is
+    fine too: then there is nothing to say)."""
+    from oc_prefix_cache.errors import ProcessError
+    from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
+
+    config = ServerConfig(binary=rig.server, model=models["gemma3"], port=free_port(), slot_dir=None, ctx_size=4096)
+    server = LlamaServer(config=config, log_path=tmp_path / "server.log")
+    try:
+        server.start(timeout=120)
+    except ProcessError as exc:
+        assert "signal 11 (SIGSEGV)" in str(exc) and "--no-repack" in str(exc), exc
+    finally:
+        server.stop()
