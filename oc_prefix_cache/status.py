@@ -112,7 +112,7 @@ def daemon_part(settings: Settings) -> dict[str, Any]:
               for e in (daemon.get("events") or [])[-5:]]
     return {"url": url, "up": True, "server_url": (data.get("server") or {}).get("url"),
             "counters": counters, "fail_opens": counters.get("failed", 0), "recent": recent,
-            "last_report": daemon.get("last_report")}
+            "last_report": daemon.get("last_report"), "stood_down": daemon.get("stood_down")}
 
 
 def disk_part(settings: Settings) -> dict[str, Any]:
@@ -205,7 +205,11 @@ def render(data: dict[str, Any], out: Console) -> None:
         c = daemon["counters"]
         out.print(f"daemon  {daemon['url']}  hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "
                   f"warmed {c.get('warmed', 0)}  skipped {c.get('skipped', 0)}  fail-open {daemon['fail_opens']}")
+        if daemon.get("stood_down"):
+            out.print(f"        [yellow]standing down on this server[/yellow]: {daemon['stood_down']}", soft_wrap=True)
         for event in daemon["recent"]:
+            if event.get("ms") is None:  # a stand-down event, said above
+                continue
             out.print(f"        {event['action']:9} {event['ms']:8.1f} ms  {event['fingerprint'] or ''}")
         report = daemon.get("last_report")
         if report:
