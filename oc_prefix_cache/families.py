@@ -102,8 +102,3 @@ class CacheFacts:
     def fix(self) -> str:
         """The flag that makes restores serve, for the one-line fix doctor and status print."""
         return "--ctx-checkpoints 32" if self.family is Family.HYBRID else SWA_FULL
-
-    def to_json(self) -> dict[str, Any]:
-        return {"family": self.family.value, "swa_full": self.swa_full, "checkpoints": self.checkpoints,
-                "partial_cache": self.partial_cache, "restores_serve": self.restores_serve is None,
-                "why_not": self.restores_serve}

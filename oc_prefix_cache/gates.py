@@ -99,7 +99,7 @@ def has_checkpoint_files(build_info: str) -> bool:
 def likely_cause(*, cache: CacheFacts, build_info: str, head_tokens: int,
                  checkpoint_min_step: int | None) -> str:
     """A human guess at why a gate failed, for the loud log line."""
-    causes = [cause for cause in (cache.restores_serve,) if cause]
+    causes = []  # (a server whose flags say no restore serves never gets here: ocpc stood down)
     if cache.family is Family.SWA and cache.swa_full is None:
         causes.append("a sliding-window model on a server whose flags ocpc cannot see: without "
                       "--swa-full no restore is reused")

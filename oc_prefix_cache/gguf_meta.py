@@ -29,22 +29,6 @@ class GgufInfo:
         """Transformer, hybrid/recurrent or sliding-window (families.py says what each means)."""
         return family_of(self.architecture, self.keys)
 
-    def kv_bytes_per_token(self, *, element_bytes: float = 2.0) -> int | None:
-        """K and V of every layer at full size (f16 by default): what a slot file or a full
-        cache holds per token. None when the header lacks the shapes."""
-        arch = f"{self.architecture}."
-        layers, kv_heads = self.keys.get(arch + "block_count"), self.keys.get(arch + "attention.head_count_kv")
-        heads = self.keys.get(arch + "attention.head_count")
-        embd = self.keys.get(arch + "embedding_length")
-        if not isinstance(layers, int) or not isinstance(embd, int):
-            return None
-        kv_heads = kv_heads if isinstance(kv_heads, int) and kv_heads > 0 else heads
-        if not isinstance(kv_heads, int) or not isinstance(heads, int) or heads <= 0:
-            return None
-        k_len = self.keys.get(arch + "attention.key_length") or embd // heads
-        v_len = self.keys.get(arch + "attention.value_length") or embd // heads
-        return int(layers * kv_heads * (int(k_len) + int(v_len)) * element_bytes)
-
     @property
     def context_length(self) -> int | None:
         value = self.keys.get(f"{self.architecture}.context_length")
