@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .deadline import SLOT_CHANGE_MARGIN_S, Deadline
@@ -47,6 +48,37 @@ class GateFailed(OcpcError):
 
 class Contended(OcpcError):
     """The probe failed, but another request touched the slot meanwhile: not the file's fault."""
+
+
+@dataclass
+class SaveCosts:
+    """What a save costs on this server, learned from every save it made: bytes per token
+    (from the largest save, where a hybrid's fixed recurrent state weighs least) and seconds
+    per byte (from the latest save, the server's write and ocpc's digest together). Why: a
+    park is decided before it is written (does it fit the park cap? is writing it now worth
+    more than re-prefilling later?), and a 27B's 30k-token park is ~3 GB."""
+
+    bytes_per_token: float | None = None
+    seconds_per_byte: float | None = None
+    largest_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def saw(self, *, tokens: int, size: int, seconds: float) -> None:
+        if tokens <= 0 or size <= 0:
+            return
+        with self._lock:
+            if tokens >= self.largest_tokens:
+                self.largest_tokens, self.bytes_per_token = tokens, size / tokens
+            self.seconds_per_byte = seconds / size
+
+    def bytes_for(self, tokens: int) -> int | None:
+        with self._lock:
+            return None if self.bytes_per_token is None else round(tokens * self.bytes_per_token)
+
+    def seconds_for(self, tokens: int) -> float | None:
+        size = self.bytes_for(tokens)
+        with self._lock:
+            return None if size is None or self.seconds_per_byte is None else size * self.seconds_per_byte
 
 
 @dataclass(frozen=True)
@@ -78,6 +110,7 @@ class Executor:
         self.tracker = tracker
         self.store = store
         self.slot_dir = slot_dir
+        self.costs = SaveCosts()
         self.server = client.base_url
         self._on_saved = on_saved  # e.g. schedule gc off the request path
 
@@ -201,6 +234,7 @@ class Executor:
         saving the same key never write one file; a failed save leaves nothing behind.
         """
         part = final.with_name(part_name(final.name, os.urandom(4).hex()))
+        started = time.perf_counter()
         try:
             self.client.save(slot, part.name, deadline=deadline)
             header = read_header(part)
@@ -212,6 +246,7 @@ class Executor:
         except (ServerError, SlotFileError, OSError) as exc:
             part.unlink(missing_ok=True)
             raise OcpcError(f"could not save slot {slot} as {final.name} ({len(tokens)} tokens): {exc}") from exc
+        self.costs.saw(tokens=len(tokens), size=size, seconds=time.perf_counter() - started)
         return digest, size
 
     def _record_head(self, plan: HeadPlan, path: Path, slot: int, server: ServerIdentity, digest: str, *,

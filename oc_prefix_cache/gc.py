@@ -10,7 +10,8 @@ ocpc writes five kinds of file in the slot folder, each with its own rule:
 - ``proj`` (``oc-proj-<16 hex>.bin``, a project's system prompt for one day): kept until
   its entry's ``expires``; an orphan goes after a day;
 - ``conv`` (``oc-conv-<16 hex>.bin``, a parked conversation): kept while used within the
-  park TTL (hours), with its own size cap; orphans go once older than the park TTL;
+  park TTL (hours), with its own size cap (never trimming the newest park); orphans go once
+  older than the park TTL;
 - ``part`` (``<final name>.<8 hex>.part``, a save in progress): gone after an hour, since a
   file still being written has a fresh mtime;
 - ``doctor`` (``ocpc-doctor-<pid>.bin``, ``ocpc doctor``'s probe): gone once its process is
@@ -292,15 +293,21 @@ def _decide_doctor(f: DiskFile, now: float, live_pids: frozenset[int]) -> Decisi
 def _trim(decided: dict[str, Decision], kinds: tuple[Kind, ...], max_bytes: int | None, *,
           label: str) -> str | None:
     """Delete kept files of ``kinds`` least recently used first (never a current one) until
-    their total fits ``max_bytes``; a warning when the current ones alone do not fit."""
+    their total fits ``max_bytes``; a warning when what is never trimmed alone does not fit.
+
+    Parked conversations also keep their newest: it was written a moment ago for a
+    conversation about to come back, and deleting it would make that save pure waste (the
+    park path checks before saving that one park fits the cap, so it can be kept)."""
     if max_bytes is None:
         return None
     mine = [d for d in decided.values() if d.kind in kinds and d.action == "keep"]
     kept_total = sum(d.bytes for d in mine)
     if kept_total <= max_bytes:
         return None
+    trimmable = sorted((d for d in mine if d.rule != "current"), key=lambda d: (d.used_at, d.name))
+    newest = trimmable.pop() if kinds == ("conv",) and trimmable else None
     reason = f"over the {_size(max_bytes)} {label}: oldest first"
-    for d in sorted((d for d in mine if d.rule != "current"), key=lambda d: (d.used_at, d.name)):
+    for d in trimmable:
         if kept_total <= max_bytes:
             break
         decided[d.name] = replace(d, action="delete", rule="cap", reason=reason)
@@ -308,7 +315,8 @@ def _trim(decided: dict[str, Decision], kinds: tuple[Kind, ...], max_bytes: int 
     if kept_total <= max_bytes:
         return None
     what = "slot files" if kinds == ("head", "proj") else "parked conversations"
-    return (f"the current {what} alone take {_size(kept_total)}, over the "
+    also = f" and the newest ({newest.name})" if newest is not None else ""
+    return (f"the current {what}{also} alone take {_size(kept_total)}, over the "
             f"{_size(max_bytes)} {label}; they are never deleted")
 
 

@@ -34,12 +34,17 @@ log = logging.getLogger("ocpc.parking")
 GENERATION_PROMPT_MAX = 64
 
 
+class ParkTooBig(OcpcError):
+    """The park would not fit the park cap: not written (the slot is left as it is)."""
+
+
 class Parker:
     """Thread-safe (stateless beyond its collaborators); callers hold the slot."""
 
     def __init__(self, *, client: SlotClient, planner: HeadPlanner, executor: Executor,
-                 tracker: SlotTracker) -> None:
+                 tracker: SlotTracker, park_max_bytes: int | None = None) -> None:
         self.client = client
+        self.park_max_bytes = park_max_bytes
         self.planner = planner
         self.executor = executor
         self.tracker = tracker
@@ -90,6 +95,17 @@ class Parker:
             raise OcpcError(f"a next turn would re-render the conversation from token {n} of {len(as_sent)}")
         return as_sent[:n], self.planner.text_of(self.client, prompt, as_sent[:n], head=head, deadline=deadline)
 
+    def _check_fits(self, tokens: int) -> None:
+        """Refuse, before writing it, a park the park cap cannot keep (gc would delete it at
+        once: the whole save for nothing). Its size is this server's bytes per token times its
+        tokens; unknown before the server's first save, when the save goes ahead."""
+        size = self.executor.costs.bytes_for(tokens)
+        if self.park_max_bytes is None or size is None or size <= self.park_max_bytes:
+            return
+        raise ParkTooBig(f"a park of {tokens} tokens would take ~{size / 1e9:.1f} GB, over the "
+                         f"{self.park_max_bytes / 1e9:.1f} GB park cap: not parked (it could not be kept); "
+                         "raise OC_PREFIX_CACHE_PARK_MAX_GB to park conversations this long")
+
     def park(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
                        deadline: Deadline) -> Seen:
         """Park the conversation the slot holds before it is displaced; raise if it cannot be
@@ -105,6 +121,7 @@ class Parker:
         except (ValueError, OcpcError) as exc:
             raise OcpcError(f"could not render the slot's conversation to park it ({exc}); "
                             "the slot is left as it is") from exc
+        self._check_fits(len(tokens))
         key = park_key(identity=identity, conversation=holding.conversation)
         entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
                       server_build=server.build, harness="", identity=identity, head=holding.head,

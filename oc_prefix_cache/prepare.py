@@ -40,7 +40,7 @@ from .fingerprint import ServerIdentity, server_key
 from .gates import likely_cause, served_from_head
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
-from .parking import Parker
+from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .server_info import flag_value, gather_identity, process_start, server_command
@@ -131,7 +131,9 @@ class Preparer:
         self.usage = UsageLog(store)
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
                                  on_saved=self._gc_soon)
-        self.parker = Parker(client=client, planner=self.planner, executor=self.executor, tracker=self.tracker)
+        park_cap = None if settings.park_max_gb is None else round(settings.park_max_gb * 1e9)
+        self.parker = Parker(client=client, planner=self.planner, executor=self.executor, tracker=self.tracker,
+                             park_max_bytes=park_cap)
         self.server_binary = server_binary
         self.stats = Stats()
         self._runtime = runtime  # how `ocpc launch` started the server, when it did
@@ -454,6 +456,9 @@ class Preparer:
                        deadline: Deadline) -> Seen:
         try:
             after = self.parker.park(seen, slot, server=server, identity=identity, deadline=deadline)
+        except ParkTooBig:
+            self._count("park_failed:over_cap")
+            raise
         except OcpcError:
             self._count("park_failed")
             raise

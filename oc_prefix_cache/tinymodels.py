@@ -10,6 +10,13 @@ a real Qwen model would, prefills 8k tokens in about a second on 2 cores, and we
 Models: ``qwen35`` (hybrid: gated delta-net + attention, the hard case) and ``qwen3``
 (plain transformer), each with an ``-alt`` twin of the same shapes and other weights,
 to prove that identity checks do not trust shapes.
+
+``fat-kv`` is a plain transformer with a 27B model's KV footprint: 25 layers of 8 KV heads
+x 128 dims in f16 make 102,400 bytes per token (a 27B's 8.6k-token head is ~880 MB on disk,
+~100 KB per token), so an 8.6k-token slot file is ~880 MB and a 30k-token park ~3 GB. Its
+other shapes stay tiny (n_embd 256), so what it costs beyond the tiny models is the KV
+itself: attention over it, and the bytes of every save and restore. Not in ``SPECS`` (the
+test suite does not need it): ``ensure_model(rig, "fat-kv")`` makes it on demand.
 """
 
 from __future__ import annotations
@@ -52,6 +59,26 @@ class ModelSpec:
     seed: int
 
 
+@dataclass(frozen=True)
+class FatSpec:
+    """A qwen3-architecture model written tensor by tensor, with its KV shape chosen."""
+
+    name: str
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+    seed: int
+    n_embd: int = 256
+    n_ff: int = 512
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * 2  # K and V, f16
+
+
+FAT = FatSpec("fat-kv", n_layer=25, n_kv_head=8, head_dim=128, seed=7)
+
+
 SPECS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -64,8 +91,8 @@ SPECS: dict[str, ModelSpec] = {
 
 
 def model_path(rig: Rig, name: str) -> Path:
-    if name not in SPECS:
-        raise RigError(f"unknown tiny model {name!r}; choose one of {sorted(SPECS)}")
+    if name not in SPECS and name != FAT.name:
+        raise RigError(f"unknown tiny model {name!r}; choose one of {sorted([*SPECS, FAT.name])}")
     return rig.models_dir / f"{name}.gguf"
 
 
@@ -80,7 +107,10 @@ def ensure_model(rig: Rig, name: str, *, progress: Progress | None = None) -> Pa
             return path
         if progress:
             progress(f"generating tiny model {name}")
-        _generate(rig, SPECS[name], path)
+        if name == FAT.name:
+            _generate_fat(rig, FAT, path)
+        else:
+            _generate(rig, SPECS[name], path)
     return path
 
 
@@ -111,7 +141,6 @@ def _generate(rig: Rig, spec: ModelSpec, dest: Path) -> None:
         if proc.returncode != 0 or not base_path.is_file():
             raise RigError(f"test-llama-archs failed for {spec.arch}: {proc.stderr[-2000:]}")
         base = gguf.GGUFReader(str(base_path))
-        vocab = gguf.GGUFReader(str(rig.source_tree / "models" / "ggml-vocab-qwen35.gguf"))
         part = Path(tmp) / "out.gguf"
         writer = gguf.GGUFWriter(str(part), spec.arch)
 
@@ -126,19 +155,7 @@ def _generate(rig: Rig, spec: ModelSpec, dest: Path) -> None:
             writer.add_uint32(f"{spec.arch}.vocab_size", N_VOCAB)
         writer.add_string("general.name", f"ocpc-tiny-{spec.name}")
 
-        tokens = list(vocab.fields["tokenizer.ggml.tokens"].contents())
-        types = list(vocab.fields["tokenizer.ggml.token_type"].contents())
-        for token_id, text, kind in ADDED_TOKENS:
-            tokens[token_id], types[token_id] = text, kind
-        writer.add_tokenizer_model(vocab.fields["tokenizer.ggml.model"].contents())
-        writer.add_tokenizer_pre(vocab.fields["tokenizer.ggml.pre"].contents())
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(list(vocab.fields["tokenizer.ggml.merges"].contents()))
-        writer.add_eos_token_id(EOS_ID)
-        writer.add_pad_token_id(PAD_ID)
-        writer.add_add_bos_token(False)
-        writer.add_chat_template((rig.source_tree / "models" / "templates" / TEMPLATE).read_text())
+        _add_chat_vocab(gguf, rig, writer)
 
         n_embd = None
         for tensor in base.tensors:
@@ -148,16 +165,90 @@ def _generate(rig: Rig, spec: ModelSpec, dest: Path) -> None:
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
         if n_embd is None:
             raise RigError(f"{spec.arch} test model has no token_embd.weight")
-        rng = np.random.default_rng(spec.seed)
-        embd = (rng.standard_normal((N_VOCAB, n_embd), dtype=np.float32) * 0.1).astype(np.float32)
-        q4 = gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q4_0)
-        writer.add_tensor("token_embd.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        _add_embeddings(gguf, writer, np.random.default_rng(spec.seed), n_embd)
+        _finish(writer, part, dest)
 
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        part.replace(dest)
+
+def _generate_fat(rig: Rig, spec: FatSpec, dest: Path) -> None:
+    """A qwen3 model from scratch: the KV shape ``spec`` asks for, random f16 weights scaled
+    so activations stay finite (replies are random tokens either way)."""
+    gguf = _gguf(rig)
+    import numpy as np
+
+    arch, rng = "qwen3", np.random.default_rng(spec.seed)
+    q_dim = spec.n_kv_head * spec.head_dim  # as many query heads as KV heads: the least compute per KV byte
+    with tempfile.TemporaryDirectory(dir=rig.models_dir) as tmp:
+        part = Path(tmp) / "out.gguf"
+        writer = gguf.GGUFWriter(str(part), arch)
+        writer.add_string("general.name", f"ocpc-tiny-{spec.name}")
+        for key, value in (("context_length", CONTEXT_LENGTH), ("embedding_length", spec.n_embd),
+                           ("block_count", spec.n_layer), ("feed_forward_length", spec.n_ff),
+                           ("attention.head_count", spec.n_kv_head), ("attention.head_count_kv", spec.n_kv_head),
+                           ("attention.key_length", spec.head_dim), ("attention.value_length", spec.head_dim),
+                           ("vocab_size", N_VOCAB)):
+            writer.add_uint32(f"{arch}.{key}", value)
+        writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+        writer.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
+        _add_chat_vocab(gguf, rig, writer)
+
+        def weight(name: str, rows: int, cols: int) -> None:
+            data = (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
+            writer.add_tensor(name, data)
+
+        def norm(name: str, n: int) -> None:
+            writer.add_tensor(name, np.ones(n, dtype=np.float32))
+
+        for i in range(spec.n_layer):
+            blk = f"blk.{i}"
+            norm(f"{blk}.attn_norm.weight", spec.n_embd)
+            weight(f"{blk}.attn_q.weight", q_dim, spec.n_embd)
+            weight(f"{blk}.attn_k.weight", q_dim, spec.n_embd)
+            weight(f"{blk}.attn_v.weight", q_dim, spec.n_embd)
+            norm(f"{blk}.attn_q_norm.weight", spec.head_dim)
+            norm(f"{blk}.attn_k_norm.weight", spec.head_dim)
+            weight(f"{blk}.attn_output.weight", spec.n_embd, q_dim)
+            norm(f"{blk}.ffn_norm.weight", spec.n_embd)
+            weight(f"{blk}.ffn_gate.weight", spec.n_ff, spec.n_embd)
+            weight(f"{blk}.ffn_up.weight", spec.n_ff, spec.n_embd)
+            weight(f"{blk}.ffn_down.weight", spec.n_embd, spec.n_ff)
+        norm("output_norm.weight", spec.n_embd)
+        _add_embeddings(gguf, writer, rng, spec.n_embd)
+        _finish(writer, part, dest)
+
+
+def _add_chat_vocab(gguf: Any, rig: Rig, writer: Any) -> None:
+    """The real Qwen tokenizer, its added tokens and the Qwen3.5 chat template."""
+    vocab = gguf.GGUFReader(str(rig.source_tree / "models" / "ggml-vocab-qwen35.gguf"))
+    tokens = list(vocab.fields["tokenizer.ggml.tokens"].contents())
+    types = list(vocab.fields["tokenizer.ggml.token_type"].contents())
+    for token_id, text, kind in ADDED_TOKENS:
+        tokens[token_id], types[token_id] = text, kind
+    writer.add_tokenizer_model(vocab.fields["tokenizer.ggml.model"].contents())
+    writer.add_tokenizer_pre(vocab.fields["tokenizer.ggml.pre"].contents())
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(list(vocab.fields["tokenizer.ggml.merges"].contents()))
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_pad_token_id(PAD_ID)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template((rig.source_tree / "models" / "templates" / TEMPLATE).read_text())
+
+
+def _add_embeddings(gguf: Any, writer: Any, rng: Any, n_embd: int) -> None:
+    """Token embeddings for the real vocab (Q4_0; the output head is tied to them)."""
+    import numpy as np
+
+    embd = (rng.standard_normal((N_VOCAB, n_embd), dtype=np.float32) * 0.1).astype(np.float32)
+    q4 = gguf.quants.quantize(embd, gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("token_embd.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+
+
+def _finish(writer: Any, part: Path, dest: Path) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    part.replace(dest)
 
 
 def _copy_field(gguf: Any, writer: Any, key: str, field: Any) -> None:

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from oc_prefix_cache.launch import family_flags
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model
 from oc_prefix_cache.rig import Rig, ensure_rig
+from oc_prefix_cache.server_info import model_family
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.tinymodels import SPECS, ensure_model
 
@@ -60,6 +62,14 @@ def models(rig: Rig) -> dict[str, Path]:
 
 
 ServerFactory = Callable[..., LlamaServer]
+
+
+@pytest.fixture(scope="session")
+def family_args(models: dict[str, Path]) -> Callable[[str], tuple[str, ...]]:
+    """A model's family flags as `ocpc launch` adds them (--swa-full for the SWA model)."""
+    def args(model: str) -> tuple[str, ...]:
+        return tuple(arg for flag in family_flags(model_family(str(models[model]))) for arg in flag.args())
+    return args
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import pytest
 
 from oc_prefix_cache import prepare as prepare_module
 from oc_prefix_cache.doctor import run_checks
-from oc_prefix_cache.launch import family_flags
 from oc_prefix_cache.server_info import model_family
 from oc_prefix_cache.settings import Settings
 
@@ -31,19 +30,14 @@ pytestmark = pytest.mark.rig
 FAMILIES = pytest.mark.parametrize("model", ["qwen35", "qwen3", "gemma3"])
 
 
-def launch_flags(models: dict[str, Path], model: str) -> tuple[str, ...]:
-    """The family's flags as `ocpc launch` adds them (--swa-full for the SWA model)."""
-    return tuple(arg for flag in family_flags(model_family(str(models[model]))) for arg in flag.args())
-
-
 @pytest.fixture
-def family(llama_server, models):
+def family(llama_server, family_args):
     """(server, Turns) for a model, with the checkpoint flags of the parking tests and the
     family's own flags from the launcher."""
     made: list[Turns] = []
 
     def make(model: str, *, launch: bool = True, extra: tuple[str, ...] = ()) -> tuple[Any, Turns]:
-        flags = FLAGS + (launch_flags(models, model) if launch else ()) + extra
+        flags = FLAGS + (family_args(model) if launch else ()) + extra
         server = llama_server(model, ctx_size=32768, extra_args=flags)
         t = Turns(server.url)
         made.append(t)
@@ -58,11 +52,11 @@ def served(timings: Any, result: Any) -> bool:
     return result.prefix_tokens > 1000 and timings.cache_n >= 0.9 * result.prefix_tokens
 
 
-def test_the_rigs_models_are_one_of_each_family(models) -> None:
+def test_the_rigs_models_are_one_of_each_family(models, family_args) -> None:
     assert {name: model_family(str(models[name])).value for name in ("qwen35", "qwen3", "gemma3")} == {
         "qwen35": "hybrid", "qwen3": "transformer", "gemma3": "swa"}
-    assert launch_flags(models, "gemma3") == ("--swa-full",)
-    assert launch_flags(models, "qwen35") == launch_flags(models, "qwen3") == ()
+    assert family_args("gemma3") == ("--swa-full",)
+    assert family_args("qwen35") == family_args("qwen3") == ()
 
 
 @FAMILIES

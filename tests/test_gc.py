@@ -247,17 +247,26 @@ def test_an_orphan_parked_conversation_goes_after_the_park_ttl() -> None:
 
 def test_the_park_cap_trims_parked_conversations_only_oldest_first() -> None:
     files = [disk(name(A, "conv"), size=300), disk(name(B, "conv"), size=300), disk(name(C, "conv"), size=300),
-             disk(D, size=5000)]
+             disk(name(E, "conv"), size=300), disk(D, size=5000)]
     idx = Index(entries={A: conv(A, hours_ago=3), B: conv(B, hours_ago=1), C: conv(C, hours_ago=2),
-                         D: entry(D, days_ago=400)}, current={SLOT0: A})
-    p = plan(files, idx, keep=1, park_cap=400)  # A is the oldest, but current
-    assert by_name(p) == {name(A, "conv"): ("keep", "current"), name(B, "conv"): ("delete", "cap"),
-                          name(C, "conv"): ("delete", "cap"), name(D): ("keep", "recent")}
-    assert {d.reason for d in p.to_delete} == {"over the 400 bytes park cap: oldest first"}
+                         E: conv(E, hours_ago=4), D: entry(D, days_ago=400)}, current={SLOT0: A})
+    p = plan(files, idx, keep=1, park_cap=700)  # A is not the oldest, but current; B is the newest
+    assert by_name(p) == {name(A, "conv"): ("keep", "current"), name(B, "conv"): ("keep", "ttl"),
+                          name(C, "conv"): ("delete", "cap"), name(E, "conv"): ("delete", "cap"),
+                          name(D): ("keep", "recent")}
+    assert {d.reason for d in p.to_delete} == {"over the 700 bytes park cap: oldest first"}
     assert p.warnings == ()
     alone = plan(files, idx, keep=1, park_cap=100)
-    assert alone.warnings == ("the current parked conversations alone take 300 bytes, over the 100 bytes "
-                              "park cap; they are never deleted",)
+    assert alone.warnings == (f"the current parked conversations and the newest ({name(B, 'conv')}) alone take "
+                              "600 bytes, over the 100 bytes park cap; they are never deleted",)
+
+
+def test_a_park_bigger_than_the_park_cap_is_not_deleted_right_after_it_is_written() -> None:
+    """The newest park survives the cap (the park path decides before saving whether it fits)."""
+    files = [disk(name(A, "conv"), size=900), disk(name(B, "conv"), size=300)]
+    idx = Index(entries={A: conv(A, hours_ago=0), B: conv(B, hours_ago=1)})
+    p = plan(files, idx, park_cap=800)
+    assert by_name(p) == {name(A, "conv"): ("keep", "ttl"), name(B, "conv"): ("delete", "cap")}
 
 
 def test_temp_files_of_saves_go_after_an_hour() -> None:
@@ -453,7 +462,9 @@ def test_mixed_folders_keep_every_promise_of_every_kind(w: World) -> None:
         if cap is None:
             assert all(d.rule != "cap" for d in p.decisions if d.kind in group)
             continue
-        assert sum(d.bytes for d in kept) <= cap or all(d.rule == "current" for d in kept)
+        newest = max((d for d in kept if d.rule != "current"), key=lambda d: (d.used_at, d.name), default=None)
+        spared = [d for d in kept if d.rule == "current" or (group == ("conv",) and d is newest)]
+        assert sum(d.bytes for d in kept) <= cap or len(spared) == len(kept)
         trimmed = [d.used_at for d in p.to_delete if d.rule == "cap" and d.kind in group]
         if trimmed:
             assert all(d.used_at >= max(trimmed) for d in kept if d.rule != "current")

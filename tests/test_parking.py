@@ -13,6 +13,7 @@ import signal
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -239,19 +240,30 @@ def test_every_answer_says_where_the_reused_prefix_came_from(turns) -> None:
     assert counters["source:park"] == 1 and counters["source:slot"] == 1
 
 
-def _top_logprobs(url: str, body: dict[str, Any]) -> list[dict[str, float]]:
+@dataclass(frozen=True)
+class Continuation:
+    """What a request makes at temperature 0: its greedy tokens and each step's top-8
+    log-probabilities."""
+
+    tokens: tuple[str, ...]
+    top: tuple[dict[str, float], ...]
+
+
+def _continue(url: str, body: dict[str, Any]) -> Continuation:
     sent = {**body, "max_tokens": 3, "stream": False, "temperature": 0, "logprobs": True, "top_logprobs": 8}
     sent.pop("stream_options", None)
     data = httpx.post(f"{url}/v1/chat/completions", json=sent, timeout=300).json()
-    return [{c["token"]: c["logprob"] for c in step["top_logprobs"]} for step in data["choices"][0]["logprobs"]["content"]]
+    steps = data["choices"][0]["logprobs"]["content"]
+    return Continuation(tokens=tuple(step["token"] for step in steps),
+                        top=tuple({c["token"]: c["logprob"] for c in step["top_logprobs"]} for step in steps))
 
 
-def _gap(a: list[dict[str, float]], b: list[dict[str, float]]) -> float:
-    """The largest difference between two runs' top log-probabilities (inf when the top
-    tokens differ)."""
-    if any(set(x) != set(y) for x, y in zip(a, b, strict=True)):
+def _gap(a: Continuation, b: Continuation) -> float:
+    """The largest difference between two runs' top log-probabilities (inf when their greedy
+    tokens or their top tokens differ)."""
+    if a.tokens != b.tokens or any(set(x) != set(y) for x, y in zip(a.top, b.top, strict=True)):
         return float("inf")
-    return max(abs(x[k] - y[k]) for x, y in zip(a, b, strict=True) for k in x)
+    return max(abs(x[k] - y[k]) for x, y in zip(a.top, b.top, strict=True) for k in x)
 
 
 # The tiny models' logits are nearly uniform (top-8 within ~0.15 nats), and another
@@ -274,35 +286,42 @@ def _relabelled(path: Path, tokens: tuple[int, ...]) -> bytes:
 
 
 def test_a_restored_conversation_continues_as_the_same_request_cold(turns) -> None:
-    """Equivalence: the next request after a restore from a park gives the same top-8
-    log-probabilities as the same request on a cold server (no --logit-bias, no RAM cache).
-    Negative control: a park of another conversation (the subagent's), relabelled with this
-    conversation's tokens so the server reuses it, does not."""
+    """Equivalence: the next request after a restore from a park makes the same greedy tokens
+    and top-8 log-probabilities as the same request on a cold server (no --logit-bias, no RAM
+    cache). Negative control: a park of another conversation (the subagent's), relabelled
+    with this conversation's tokens so the server reuses it, does not.
+
+    On the tiny hybrid only: on the real Gemma 3 the server's own cache paths are not
+    reproducible on this CPU build, without ocpc (docs/design.md, "Equivalence on the real
+    model"), so no file-based bound can be asserted there."""
     server, t = turns("qwen35", extra_args=(*FLAGS, "--cache-ram", "0"))
     parent, sub = workload.parent(), workload.explore_subagent("ses_sub")
     for conv in (parent, parent, sub, sub, parent, sub):  # ends with both parked, the parent last
         t.turn(conv)
     nxt = parent.next_body()
     server.restart()
-    cold = _top_logprobs(server.url, nxt)
+    cold = _continue(server.url, nxt)
     server.restart()
     raw = json.dumps(nxt, ensure_ascii=False, separators=(",", ":")).encode()
     result = t.preparer.prepare(raw, parent.headers())
     assert result.action == "restored" and result.source == "park", result
-    restored = _top_logprobs(server.url, nxt)
-    assert _gap(restored, cold) <= SAME, (restored[0], cold[0])
+    restored = _continue(server.url, nxt)
+    assert _gap(restored, cold) <= SAME, (restored, cold)
 
-    index = t.preparer.store.load()
-    mine = next(e for e in index.entries.values() if e.kind == "conv" and e.session == parent.session)
-    theirs = next(e for e in index.entries.values() if e.kind == "conv" and e.session == sub.session)
-    ours = read_header(t.settings.slot_dir / mine.file)
-    impostor = t.settings.slot_dir / "impostor.bin"  # not ocpc's name: restored by hand, below
-    impostor.write_bytes(_relabelled(t.settings.slot_dir / theirs.file, ours.tokens))
     server.restart()
-    httpx.post(f"{server.url}/slots/0?action=restore", json={"filename": impostor.name},
-               timeout=60).raise_for_status()
-    fooled = _top_logprobs(server.url, nxt)
-    assert _gap(fooled, cold) > SAME, (fooled[0], cold[0])
+    _impostor(t, parent, sub, server.url)
+    fooled = _continue(server.url, nxt)
+    assert _gap(fooled, cold) > SAME, (fooled, cold)
+
+
+def _impostor(t: Turns, mine: workload.Conversation, theirs: workload.Conversation, url: str) -> None:
+    """Restore into slot 0, by hand, ``theirs``'s park relabelled with ``mine``'s tokens."""
+    index = t.preparer.store.load()
+    ours, other = (next(e for e in index.entries.values() if e.kind == "conv" and e.session == conv.session)
+                   for conv in (mine, theirs))
+    impostor = t.settings.slot_dir / "impostor.bin"  # not ocpc's name: restored by hand
+    impostor.write_bytes(_relabelled(t.settings.slot_dir / other.file, read_header(t.settings.slot_dir / ours.file).tokens))
+    httpx.post(f"{url}/slots/0?action=restore", json={"filename": impostor.name}, timeout=60).raise_for_status()
 
 
 def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> None:
