@@ -30,6 +30,7 @@ from typing import Any
 import xxhash
 
 from . import __version__
+from .ahead import Candidate, Idle, IdleSlots, due
 from .conversation import Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
@@ -143,6 +144,7 @@ class Preparer:
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._seq = 0
         self.standdown = StandDown()
+        self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
@@ -158,6 +160,7 @@ class Preparer:
         lower = {k.lower(): v for k, v in headers.items()}
         deadline = deadline or Deadline.from_budget_ms(lower.get("x-ocpc-budget-ms"))
         slot = self.settings.slot if slot is None else slot
+        self.idle.clear(slot)  # a request is about to run there: no park ahead of it now
         session = lower.get("x-session-id", "") if session is None else session
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
         try:
@@ -221,12 +224,14 @@ class Preparer:
         return dict(report)
 
     def watch(self) -> None:
-        """Between requests (the daemon calls this every second): notice restarts early,
-        and write noted file uses to the index when due."""
+        """Between requests (the daemon and the proxy call this every second): notice restarts
+        early, park ahead the conversations of slots left idle (ahead.py), and write noted file
+        uses to the index when due."""
         try:
             self._observe(self.settings.slot)
         except OcpcError:
             pass  # down or restarting: the next look tells
+        self._park_ahead()
         if self.usage.due():
             self.flush_usage()
 
@@ -495,6 +500,54 @@ class Preparer:
             kind="conv", key=record.conversation, head=record.fingerprint, n_tokens=prompt,
             exact=False, left=now, conversation=record.conversation, stored=record.stored),
             trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
+        self.idle.mark(record.slot, Idle(epoch=record.epoch, conversation=record.conversation,
+                                         since=time.monotonic()))
+
+    # -- parking ahead -------------------------------------------------------------------
+    def _park_ahead(self) -> None:
+        """Write the park of each idle slot whose park is due (ahead.py), one at a time."""
+        if self.stood_down():
+            return
+        candidates = []
+        for slot, idle in self.idle.items():
+            holding = self.tracker.holding(self.server, slot)
+            if holding is None or holding.kind != "conv" or holding.conversation != idle.conversation:
+                self.idle.clear(slot)  # the slot moved on: nothing of this conversation to park
+                continue
+            candidates.append(Candidate(slot, idle, unsaved=holding.n_tokens - holding.stored,
+                                        est_seconds=self.executor.costs.seconds_for(holding.n_tokens)))
+        for candidate in due(candidates, now=time.monotonic(), park_min=self.settings.park_min_tokens,
+                             threshold_s=self.settings.park_ahead_s):
+            self._park_slot_ahead(candidate)
+
+    def _park_slot_ahead(self, candidate: Candidate) -> None:
+        """Park the idle slot's conversation now, unless a request came for the slot meanwhile
+        (the lock is tried briefly: a prepare or a proxied request holding it wins)."""
+        slot, started = candidate.slot, time.perf_counter()
+        work = Deadline.after(max(30.0, 4 * (candidate.est_seconds or 0.0)))
+        try:
+            with self.tracker.slot_lock(self.server, slot, deadline=Deadline.after(0.2)):
+                if self.idle.get(slot) != candidate.idle:
+                    return  # a prepare came for the slot: its request runs first
+                self.idle.clear(slot)
+                seen = self._observe(slot, deadline=work)
+                holding = seen.holding
+                if (seen.restarted or seen.epoch != candidate.idle.epoch or holding is None or holding.kind != "conv"
+                        or holding.conversation != candidate.idle.conversation or seen.trail is None):
+                    return
+                server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
+                                         deadline=work)
+                after = self.parker.park(seen, slot, server=server, identity=server_key(server, ocpc_version=__version__),
+                                         deadline=work)
+        except LockTimeout:
+            return  # busy: the next watch looks again if the slot is still idle then
+        except OcpcError as exc:
+            self._count("park_ahead_failed")
+            log.warning("could not park slot %d ahead (it is parked at displacement instead): %s", slot, exc)
+            return
+        self._count("parked_ahead")
+        log.info("parked slot %d ahead while it was idle: %d tokens in %.0f ms", slot,
+                 after.holding.n_tokens if after.holding else 0, (time.perf_counter() - started) * 1000)
 
     # -- standing down ---------------------------------------------------------------
     def _standing_down(self, slot: int, deadline: Deadline) -> PrepareResult | None:

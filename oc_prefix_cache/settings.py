@@ -53,6 +53,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "a displaced conversation is parked only when this many of its tokens are in no file yet "
         "(below it, re-processing them costs less than parking)",
     ),
+    "OC_PREFIX_CACHE_PARK_AHEAD_S": (
+        "1",
+        "park a conversation while its slot is idle after a turn when parking it at displacement would "
+        "take longer than this (seconds, from this server's saves; off: always park at displacement)",
+    ),
     "OC_PREFIX_CACHE_PROXY_PORT": ("8766", "`ocpc proxy` port (loopback): the base URL other harnesses use"),
     "OC_PREFIX_CACHE_ADAPTERS": (
         "opencode,claude-code,pi,generic",
@@ -85,6 +90,7 @@ class Settings:
     daemon_port: int
     proxy_port: int
     park_min_tokens: int
+    park_ahead_s: float | None  # None: never park ahead
     adapters: frozenset[str]
     rig_dir: Path
     pypi_url: str
@@ -143,6 +149,7 @@ class Settings:
             daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
             proxy_port=_int(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766, minimum=1),
             park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
+            park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),

@@ -13,7 +13,7 @@ import signal
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,40 @@ def test_a_graceful_restart_parks_the_live_conversation(turns, model: str) -> No
     back, timings = t.turn(parent)
     assert back.action == "restored" and back.source == "park", back
     t.assert_only_new_tokens(back, timings)
+
+
+@BOTH
+def test_an_idle_conversation_is_parked_ahead_so_its_displacement_writes_nothing(turns, monkeypatch, model: str) -> None:
+    """Park ahead (ahead.py): a conversation idle after its turn, whose park costs more than
+    OC_PREFIX_CACHE_PARK_AHEAD_S to write, is parked by the between-requests watch; the
+    subagent that then displaces it writes no park, and the conversation comes back from the
+    park with only its new tokens. A conversation going on before the watch is left alone."""
+    from oc_prefix_cache import ahead
+
+    monkeypatch.setattr(ahead, "IDLE_S", 0.0)  # the tool gap, shortened
+    server, t = turns(model)
+    t.preparer.settings = replace(t.settings, park_ahead_s=1e-6)  # every park "costs" more than this here
+    parent, sub = workload.parent(), workload.general_subagent("ses_sub")
+    t.turn(parent)
+    t.turn(parent)
+    t.preparer.watch()
+    assert t.preparer.stats.counters["parked_ahead"] == 1
+    going_on, timings = t.turn(parent)  # the same conversation comes back first: it just goes on
+    assert going_on.action == "hit", going_on
+    t.assert_only_new_tokens(going_on, timings)
+    t.preparer.watch()
+    assert t.preparer.stats.counters["parked_ahead"] == 2
+    displacing, _ = t.turn(sub)
+    assert "parked the slot's conversation first" not in displacing.reason, displacing
+    assert t.preparer.stats.counters["parked"] == 0  # none at displacement
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    t.assert_only_new_tokens(back, timings)
+
+    t.turn(parent)  # goes on, no watch in between: parked at displacement, as before
+    displacing, _ = t.turn(sub)
+    assert "parked the slot's conversation first" in displacing.reason, displacing
+    assert t.preparer.stats.counters["parked_ahead"] == 2 and t.preparer.stats.counters["parked"] == 1
 
 
 def test_a_crash_loses_only_what_was_not_parked(turns) -> None:
