@@ -122,13 +122,16 @@ def lcp(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: bool) -> dict[str, Any]:
+def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: bool,
+                plain_args: tuple[str, ...] = FLAGS, ocpc_args: tuple[str, ...] = FLAGS) -> dict[str, Any]:
+    """One model's workload on both arms; ``plain_args``/``ocpc_args``: each arm's server flags."""
     arms: list[Arm] = []
     for name in ("plain", "ocpc"):
         home = work / label / name
         settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
         config = ServerConfig(binary=binary, model=model, port=free_port(),
-                              slot_dir=settings.slot_dir if name == "ocpc" else None, ctx_size=32768, extra_args=FLAGS)
+                              slot_dir=settings.slot_dir if name == "ocpc" else None, ctx_size=32768,
+                              extra_args=plain_args if name == "plain" else ocpc_args)
         server = LlamaServer(config=config, log_path=work / f"{label}-{name}.log")
         server.start()
         arm = Arm(name, server)

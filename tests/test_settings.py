@@ -38,6 +38,9 @@ def test_park_settings_and_off_switches() -> None:
         s = Settings.from_env({"OC_PREFIX_CACHE_MAX_GB": off, "OC_PREFIX_CACHE_PARK_MAX_GB": off})
         assert (s.max_gb, s.park_max_gb) == (None, None)
     assert Settings.from_env({"OC_PREFIX_CACHE_MAX_GB": ""}).max_gb == 20.0  # empty = unset
+    assert Settings.from_env({}).park_ahead_s == 1.0
+    assert Settings.from_env({"OC_PREFIX_CACHE_PARK_AHEAD_S": "off"}).park_ahead_s is None
+    assert Settings.from_env({"OC_PREFIX_CACHE_PARK_AHEAD_S": "2.5"}).park_ahead_s == 2.5
 
 
 @pytest.mark.parametrize(("name", "value", "needle"), [
