@@ -12,8 +12,10 @@ model's cache family and on a few server flags (measured on b11434, docs/design.
 - **SWA** (sliding-window layers: Gemma 2/3, gpt-oss, Cohere 2...): without a full-size SWA
   cache the server keeps only the window and re-processes the whole prompt after any
   restore (restored 1,800 tokens of Gemma 3 270M, then ``cache_n`` 0 of 2,303); with
-  ``--swa-full`` it keeps every token and reuses a restore like a transformer
-  (``cache_n`` 1,800). The file is the same size either way (13.4 MB); the price is KV memory.
+  ``--swa-full`` it reuses a restore of exactly the saved tokens (``cache_n`` 1,800), but
+  still cuts a slot back only within its window or to a checkpoint, like a hybrid: a new
+  session on a slot holding the head plus a conversation is not a hit. The file is the
+  same size either way (13.4 MB); the price of ``--swa-full`` is KV memory.
 
 The decision and the executor read these facts; nothing else branches on the family.
 """
@@ -72,14 +74,13 @@ class CacheFacts:
 
     @property
     def partial_cache(self) -> bool:
-        """Only exact-prefix restores are reusable (no common-prefix reuse of a longer slot).
-        An SWA model with a full-size SWA cache reuses like a transformer (the server drops
-        its window rule then); without one, or when unknown, assume the strict case."""
-        if self.family is Family.TRANSFORMER:
-            return False
-        if self.family is Family.SWA and self.swa_full:
-            return False
-        return True
+        """Only exact-prefix restores are reusable: the slot cannot be cut back to an earlier
+        common prefix except through a context checkpoint. True for hybrids, and for SWA
+        models even with ``--swa-full``: the server still rolls an SWA slot back only within
+        its window or to a checkpoint (measured on Gemma 3 with ``--swa-full``: a slot holding
+        7,541 tokens, a new session sharing its first 1,885: all 2,303 tokens re-processed,
+        "lack of cache data"); a restore of exactly the head is reused (1,800 of 2,303)."""
+        return self.family is not Family.TRANSFORMER
 
     @property
     def restores_serve(self) -> str | None:

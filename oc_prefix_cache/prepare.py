@@ -182,6 +182,8 @@ class Preparer:
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
         result.elapsed_ms = (time.perf_counter() - started) * 1000
+        if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
+            result.prepare_id = self._unrecorded_id()
         self._log(result)
         return result
 
@@ -686,8 +688,17 @@ class Preparer:
         return PrepareResult(action, fp, expected, reason=reason, tools_in_head=tools_in_head,
                              prepare_id=prepare_id, source=source)
 
+    def _unrecorded_id(self) -> str:
+        """The id of a prepare that recorded nothing (skipped, failed). Why: the plugin reports
+        every answer that has a fingerprint; without an id, its report was matched to the
+        latest prepare of that head, another conversation's, and bound the slot to it."""
+        with self._guard:
+            self._seq += 1
+            return f"{self._seq:x}-none"
+
     def _record_for(self, prepare_id: str, fingerprint: str) -> _Record | None:
-        """By id (this plugin), else the latest prepare of that fingerprint (older plugins)."""
+        """By id (this plugin; an id of no record finds none), else the latest prepare of that
+        fingerprint (plugins older than the id, which send none)."""
         with self._guard:
             if prepare_id:
                 return self._records.get(prepare_id)

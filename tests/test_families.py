@@ -60,6 +60,20 @@ def test_the_rigs_models_are_one_of_each_family(models, family_args) -> None:
 
 
 @FAMILIES
+def test_a_new_session_after_a_long_conversation_reuses_the_head(family, model: str) -> None:
+    """The slot holds the head plus a conversation far longer than an SWA window (512 on
+    Gemma 3): a new session must still reuse the head. The server cuts an SWA slot back
+    only within its window or to a checkpoint, even with --swa-full, so there the head is
+    restored, not taken for a hit (which re-processed all 2,303 tokens)."""
+    server, t = family(model)
+    parent = workload.parent("ses_a")
+    for _ in range(3):
+        t.turn(parent)
+    new, timings = t.turn(workload.other_project("ses_b"))
+    assert served(timings, new), (new, timings)
+
+
+@FAMILIES
 def test_a_new_session_and_one_after_a_restart_reuse_the_head(family, model: str) -> None:
     server, t = family(model)
     first, _ = t.turn(workload.parent("ses_a"))

@@ -273,6 +273,22 @@ def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep) -> No
     assert_served(chat(server.url, capture(PROJ_B)), result)
 
 
+def test_the_report_of_a_skipped_prepare_binds_nothing(prep) -> None:
+    """Issue 17's defect: a skipped prepare answered a fingerprint with no prepare_id; the
+    plugin reported it, and the report was matched to the latest prepare of that head,
+    another conversation's, binding the slot to it (its next turn a false hit)."""
+    server, rig = prep("qwen35")
+    first, _ = rig.turn(PROJ_A, session="ses_a")
+    rig.preparer.tracker.forget(rig.url, 0, "the test: ocpc cannot vouch for the slot")
+    skipped = rig.prepare(PROJ_A_TURN2, session="ses_x")  # a conversation going on in a slot ocpc cannot vouch for
+    assert skipped.action == "skipped" and skipped.fingerprint == first.fingerprint and skipped.prepare_id, skipped
+    timings = chat(server.url, capture(PROJ_A_TURN2))
+    verdict = rig.preparer.report(fingerprint=skipped.fingerprint or "", cache_n=timings.cache_n,
+                                  prompt_n=timings.prompt_n, prepare_id=skipped.prepare_id)
+    assert verdict["verdict"] == "unknown", verdict
+    assert rig.preparer.tracker.holding(rig.url, 0) is None  # the slot is not believed to hold ses_a
+
+
 def test_reported_misses_only_make_the_file_prove_itself_again(prep) -> None:
     """Defect 3: misses (contention, another client) never condemn a file; two in a row
     used to erase the slot and re-prefill a head that was fine. (Project A's sessions reuse
