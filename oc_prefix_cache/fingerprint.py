@@ -1,8 +1,8 @@
 """The fingerprint: one xxh64 over everything that can move the head's tokens or KV contents.
 
-If any input changes (tools, model file, server build, template, context size, the server
-flags that change what the KV cache holds, the active LoRA adapters, harness or ocpc
-version, the head text), the fingerprint changes and the next session pays one
+If any input changes (the head as the template renders it, model file, server build,
+context size, the server flags that change what the KV cache holds, the active LoRA
+adapters, harness or ocpc version), the fingerprint changes and the next session pays one
 deliberate cold prefill. A stale file is never restored under a new configuration: the
 server cannot tell us a file is from another model of the same shapes, or was computed
 under another RoPE base or adapter (it restores it "successfully"), so identity is ours
@@ -13,6 +13,11 @@ The server flags that count are an allow-list (``KV_FLAGS``), read from llama.cp
 ``-np``...) never moves the fingerprint, so moving a server to another port or thread
 count keeps its cache. Pure apart from ``stat`` calls: the inputs are gathered in
 ``server_info``.
+
+The head counts as rendered, not as its parts (tools JSON, system text): the KV holds the
+rendered tokens, and a template that leaves tools out (Gemma 3's GGUF template renders none)
+gives one head for a parent and a subagent that differ only in tools; fingerprinted by
+its tools, each re-prefilled the same tokens (1,885 on Gemma, per subagent).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import xxhash
 from .families import CacheFacts
 from .head import Head
 
-FORMAT = 2  # bump when the fingerprint's inputs change meaning (2: KV flags and LoRA adapters)
+FORMAT = 3  # bump when the fingerprint's inputs change meaning (2: KV flags and LoRA adapters;
+#            3: the head as rendered, not its tools and system text)
 
 
 @dataclass(frozen=True)
@@ -91,10 +97,7 @@ def fingerprint(inputs: FingerprintInputs) -> str:
         "harness": inputs.harness,
         "ocpc": inputs.ocpc_version,
         "model_name": inputs.head.model,
-        "tools": inputs.head.tools_json,
-        "system_head": inputs.head.system_head,
-        "marker": inputs.head.marker,
-        "rendered_head": inputs.rendered_head,
+        "rendered_head": inputs.rendered_head,  # tools, system text and template, as the KV holds them
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
     return xxhash.xxh64_hexdigest(blob)

@@ -248,11 +248,15 @@ class Preparer:
         if self.stood_down():
             log.info("park before stop: nothing to park, ocpc stood down on this server (%s)", self.stood_down())
             return out
-        for slot in self.tracker.slots(self.server):
+        slots = self.tracker.slots(self.server)
+        for i, slot in enumerate(slots):
             item: dict[str, Any] = {"slot": slot}
+            # each slot gets its share of what is left: a busy slot 0 must not spend the
+            # whole stop's budget waiting for its lock while slots 1..N go unparked
+            share = Deadline.after(deadline.remaining() / (len(slots) - i))
             try:
-                with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-                    seen = self._observe(slot, deadline=deadline)
+                with self.tracker.slot_lock(self.server, slot, deadline=share):
+                    seen = self._observe(slot, deadline=share)
                     holding = seen.holding
                     if seen.restarted or holding is None or holding.kind != "conv" or seen.trail is None:
                         item["parked"] = False
@@ -262,9 +266,9 @@ class Preparer:
                         item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
                     else:
                         server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
-                                                 deadline=deadline)
+                                                 deadline=share)
                         identity = server_key(server, ocpc_version=__version__)
-                        after = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
+                        after = self._park_occupant(seen, slot, server=server, identity=identity, deadline=share)
                         item["parked"] = True
                         item["why"] = f"parked {after.holding.n_tokens if after.holding else 0} tokens"
             except OcpcError as exc:

@@ -154,10 +154,16 @@ def test_every_input_moves_the_fingerprint(change: dict) -> None:
     assert fingerprint(inputs(**change)) != fingerprint(inputs())
 
 
-def test_tools_and_head_text_move_the_fingerprint() -> None:
+def test_the_head_counts_as_the_template_renders_it() -> None:
+    """Tools and system text move the fingerprint through their rendering (a template that
+    renders them: a new head); a template that leaves tools out gives one head for bodies
+    that differ only in tools (Gemma 3's GGUF template: a subagent reuses its parent's)."""
     head = head_of(PROJ_A)
-    assert fingerprint(inputs(head=replace(head, tools_json=head.tools_json + " "))) != fingerprint(inputs())
-    assert fingerprint(inputs(head=replace(head, system_head=head.system_head + "x"))) != fingerprint(inputs())
+    rendered = "<|im_start|>system\n" + head.system_head
+    assert fingerprint(inputs(rendered_head=rendered + " tools")) != fingerprint(inputs(rendered_head=rendered))
+    assert fingerprint(inputs(rendered_head=rendered + "x")) != fingerprint(inputs(rendered_head=rendered))
+    fewer_tools = replace(head, tools_json=head.tools_json[: len(head.tools_json) // 2])
+    assert fingerprint(inputs(head=fewer_tools, rendered_head=rendered)) == fingerprint(inputs(rendered_head=rendered))
 
 
 def test_slot_count_does_not_move_the_fingerprint() -> None:

@@ -172,6 +172,39 @@ def test_an_idle_conversation_is_parked_ahead_so_its_displacement_writes_nothing
     assert t.preparer.stats.counters["parked_ahead"] == 2 and t.preparer.stats.counters["parked"] == 1
 
 
+def test_a_busy_slot_does_not_spend_the_whole_stop_budget_of_the_others(turns) -> None:
+    """Issue 17's defect: park_live gave every slot one shared deadline, so a slot 0 busy
+    with a prepare used all of it waiting for its lock and slot 1 went unparked."""
+    import threading
+
+    server, t = turns("qwen35", parallel=2)
+    parent = workload.parent()
+    for _ in range(2):
+        body = {**parent.next_body(), "id_slot": 1}
+        raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        result = t.preparer.prepare(raw, parent.headers(), slot=1)
+        timings = chat(server.url, body)
+        t.preparer.report(fingerprint=result.fingerprint or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
+                          prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+    t.preparer._observe(0)  # slot 0 known to the tracker, then held by a prepare that does not end
+    held, release = threading.Event(), threading.Event()
+
+    def hold_slot_0() -> None:
+        with t.preparer.tracker.slot_lock(server.url, 0, deadline=Deadline.after(30)):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_slot_0)
+    holder.start()
+    try:
+        held.wait(5)
+        parked = {p["slot"]: p for p in t.preparer.park_live(deadline=Deadline.after(6))}
+    finally:
+        release.set()
+        holder.join()
+    assert not parked[0]["parked"] and parked[1]["parked"], parked
+
+
 def test_a_crash_loses_only_what_was_not_parked(turns) -> None:
     """SIGKILL: no park on the way down. The park made when the subagent displaced the
     parent is still on disk and still serves; only the turns since are processed again."""
