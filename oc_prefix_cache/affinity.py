@@ -15,7 +15,17 @@ and chooses it here, by these rules, in order:
 4. **A free slot that holds its head under another conversation**: on a transformer the server
    reuses the head from it; the conversation it evicts is the prepare core's to park.
 5. **Any free slot**, least recently used first.
-6. Only when every slot is busy: the least recently used slot (the server queues the request).
+6. Only when every slot is busy: the least recently used slot. The proxy does not take it at
+   once: it waits, in arrival order, for any slot to free within the request's deadline
+   (``proxy.py``), so requests never pile up on one slot's lock while others go idle.
+
+What a slot holds comes from two places: the proxy's own table (its requests in flight) and the
+shared tracker (what any front door, the plugin's daemon included, left there): a conversation the
+plugin runs on slot 0 is slot 0's conversation for the proxy too.
+
+A request with no head worth caching (a title, a summary) has no conversation to keep: it is
+chosen for as a new conversation with none (``Want("")``), so it lands on a free slot without a
+conversation when there is one, and the prepare parks what it displaces.
 
 So a busy slot is never chosen while a free one qualifies, and a new conversation takes the slot of
 a live one only when no slot is free of conversations. What to do with a conversation that loses
@@ -79,6 +89,15 @@ def _lru(candidates: Sequence[SlotView]) -> SlotView:
     return min(candidates, key=lambda s: (s.last_used, s.slot))
 
 
+@dataclass(frozen=True)
+class Held:
+    """One slot as the shared tracker knows it (any front door's last action there)."""
+
+    head: str = ""
+    exact: bool = False  # exactly that head, no conversation on top
+    conversation: str = ""
+
+
 @dataclass
 class _Use:
     conversation: str = ""
@@ -102,12 +121,18 @@ class AffinityTable:
 
     MAX_HEADS = 4096
 
-    def views(self, n_slots: int, held: dict[int, tuple[str, bool]]) -> list[SlotView]:
-        """``held``: slot -> (head fingerprint, exact) from the tracker."""
+    def views(self, n_slots: int, held: dict[int, Held]) -> list[SlotView]:
+        """``held``: what the tracker says each slot holds. The conversation is the table's while a
+        request of ours runs there (the newest intent), else the tracker's when it knows one (the
+        daemon's conversations included), else the last one the table sent there."""
         with self._guard:
-            return [SlotView(slot=i, busy=self._use(i).busy > 0, conversation=self._use(i).conversation,
-                             head=held.get(i, ("", False))[0], exact_head=held.get(i, ("", False))[1],
-                             last_used=self._use(i).last_used) for i in range(n_slots)]
+            out = []
+            for i in range(n_slots):
+                use, known = self._use(i), held.get(i, Held())
+                conversation = use.conversation if use.busy or not known.conversation else known.conversation
+                out.append(SlotView(slot=i, busy=use.busy > 0, conversation=conversation, head=known.head,
+                                    exact_head=known.exact, last_used=use.last_used))
+            return out
 
     def begin(self, slot: int, conversation: str) -> None:
         """A request of ``conversation`` is going to ``slot`` now."""

@@ -45,12 +45,12 @@ from typing import Any
 import xxhash
 
 from . import __version__
-from .affinity import AffinityTable, Want, choose
+from .affinity import AffinityTable, Held, Want, choose
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
 from .errors import LockTimeout, OcpcError
 from .harness import Adapter, ClaudeCodeAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter, select
-from .head import MAX_BODY_BYTES, Head
+from .head import MAX_BODY_BYTES, Head, Skip
 from .prepare import Preparer, PrepareResult
 from .relay import (
     HOP_BY_HOP,
@@ -89,6 +89,7 @@ class Bounds:
     chunk_gap_s: float = 600.0  # between two chunks of an answer (a long prompt mid-stream, a tool call)
     prepare_s: float = 240.0  # the prepare and the wait for a held slot (then the request goes on anyway)
     slots_ttl_s: float = 30.0  # how long the server's slot count is trusted
+    client_stall_s: float = 60.0  # a client that reads nothing this long (a Ctrl-Z'd agent) gives its slot up
 
 
 @dataclass
@@ -106,6 +107,28 @@ class Plan:
     adapter: str = ""
     rule: str = ""  # the affinity rule that chose the slot
     ready_ms: float = 0.0  # from the request's arrival to its forward (parse, slot, prepare)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """An API request's facts, parsed once, before a slot is chosen for it."""
+
+    api: str
+    path: str
+    adapter: Adapter
+    body: dict[str, Any]  # as normalised
+    chat: dict[str, Any]  # as chat completions (translated from Anthropic)
+    chat_raw: bytes  # ``chat`` serialised (the client's bytes when nothing changed)
+    changes: bool
+    stream: bool
+    session: str | None
+    conversation: str  # "" for a request with no head worth caching (a title): it keeps no slot
+    n_slots: int
+    slot: int | None  # the client's own id_slot
+    head_key: str  # the head's cheap key ("" when not cut)
+
+
+_DIRECT = frozenset({"own", "client", "single"})  # rules that wait for one slot's lock, not in line
 
 
 @dataclass
@@ -146,7 +169,10 @@ class Proxy:
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
         self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(), PiAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
-        self._choosing = threading.Lock()
+        # choosing and marking a slot busy happen at once (two new conversations never pick one
+        # slot); requests that found every slot busy wait here, in line, for a slot to free
+        self._freed = threading.Condition()
+        self._line: deque[object] = deque()
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()
 
@@ -213,7 +239,9 @@ class Proxy:
             self.counters.add(f"not_prepared:{refusal}")
             await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=raw)
             return
-        planning = self._pool.submit(self._plan, api, headers, raw, path_of(scope))
+        gone = threading.Event()
+        planning = self._pool.submit(self._plan, api, headers, raw, path_of(scope), gone)
+        watch = asyncio.ensure_future(_until_disconnect(receive, gone))
         try:
             plan = await asyncio.wrap_future(planning)
         except asyncio.CancelledError:  # shutting down mid-prepare: the slot it takes is given back
@@ -223,9 +251,14 @@ class Proxy:
             log.exception("planning a request failed; forwarding it unchanged")
             self.counters.add("fail_open:internal")
             plan = Plan(path=path_of(scope), body=raw, why_not=f"internal error: {exc}")
+        finally:
+            watch.cancel()
         plan.ready_ms = (time.perf_counter() - arrived) * 1000
         learned: Learned | None = None
         try:
+            if gone.is_set():  # left while it waited: nothing to forward, nobody to answer
+                self.counters.add("client_disconnected")
+                return
             learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
         finally:  # shielded: the slot is released even when this request is cancelled
             await asyncio.shield(asyncio.wrap_future(self._releases.submit(self._finish, plan, learned)))
@@ -244,8 +277,38 @@ class Proxy:
         host = (headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
         return "" if host in LOOPBACK_HOSTS else "foreign_host"
 
-    def _plan(self, api: str, headers: dict[str, str], raw: bytes, path: str) -> Plan:
-        """In a worker thread: parse, pick the adapter and the slot, hold it, prepare."""
+    def _plan(self, api: str, headers: dict[str, str], raw: bytes, path: str, gone: threading.Event) -> Plan:
+        """In a worker thread: parse, take a slot, prepare it. ``gone``: set when the client left
+        (then nothing is prepared, parked or evicted for it)."""
+        request = self._parse(api, headers, raw, path)
+        if isinstance(request, Plan):
+            return request
+        deadline = Deadline.after(self.bounds.prepare_s)
+        plan = self._take_slot(request, deadline=deadline, gone=gone)
+        if plan.hold is None:
+            return plan
+        try:
+            if gone.is_set():
+                self.counters.add("client_gone_before_prepare")
+                plan.why_not = "the client went away while its request waited for a slot"
+                return plan
+            with plan.hold.inside():
+                plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
+                                                    session=request.session, head_of=request.adapter.head)
+        except BaseException:
+            self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
+            raise
+        self.counters.add(f"prepare:{plan.result.action}")
+        if plan.result.action == "failed":
+            self.counters.add("fail_open:prepare_failed")
+        if plan.result.fingerprint:
+            self.table.learn_head(request.head_key, plan.result.fingerprint)
+        if request.changes:
+            self.counters.add("normalised:" + request.adapter.name)
+        return plan
+
+    def _parse(self, api: str, headers: dict[str, str], raw: bytes, path: str) -> _Request | Plan:
+        """The request's facts, or the plan of a request that is not ours to prepare."""
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
@@ -262,12 +325,12 @@ class Proxy:
         stream = bool(body.get("stream"))
         try:
             chat = to_chat(body) if api == "anthropic" else body
-        except TranslationError as exc:
+            # serialised before a slot is taken: a body that cannot be (a lone surrogate) takes none
+            chat_raw = dump(chat) if api == "anthropic" or changes else raw
+        except (TranslationError, ValueError) as exc:
             self.counters.add("not_prepared:untranslatable")
             return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
         n_slots = self._n_slots()
-        session = adapter.session(incoming)
-        conversation = session or _chain_key(chat)
         asked = body.get("id_slot", -1) if api == "openai" else -1
         client_slot = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < n_slots
         if not client_slot and asked != -1:  # -1 (llama.cpp's "any slot") or none: ours to choose
@@ -278,73 +341,89 @@ class Proxy:
         if down is not None:  # restores cannot serve here: the request goes as it would without ocpc
             self.counters.add("not_prepared:stood_down")
             if api == "anthropic":
-                return Plan(path="/v1/chat/completions", body=upstream_bytes(dump(chat), id_slot=None),
+                return Plan(path="/v1/chat/completions", body=upstream_bytes(chat_raw, id_slot=None),
                             translate=True, stream=stream, why_not=f"standing down: {down}")
             return Plan(path=path, body=raw, stream=stream, why_not=f"standing down: {down}")
-        with self._choosing:  # choose and mark busy at once: two new conversations never pick one slot
-            if client_slot:
-                slot, head_key, rule = asked, "", "client"  # the client chose: prepare that slot
-            else:
-                slot, head_key, rule = self._choose(adapter, chat, conversation, n_slots)
-            self.table.begin(slot, conversation)
-        pinned = n_slots > 1
-        if api == "anthropic":
-            chat_raw = dump(chat)
-            up = upstream_bytes(chat_raw, id_slot=slot if pinned else None)
-            plan = Plan(path="/v1/chat/completions", body=up, translate=True, stream=stream, slot=slot)
-        else:
-            chat_raw = raw if not changes else dump(body)
-            forwarded = chat_raw
-            if pinned and not client_slot:  # the slot prepared is the slot that runs it
-                forwarded = _with_slot(chat_raw, slot) if "id_slot" not in body else dump({**body, "id_slot": slot})
-            plan = Plan(path=path, body=forwarded, stream=stream, slot=slot)
-        plan.adapter, plan.rule = adapter.name, rule
-        deadline = Deadline.after(self.bounds.prepare_s)
+        session = adapter.session(incoming)
+        head = adapter.head(chat)
+        side = isinstance(head, Skip)  # a title or summary: no conversation to keep a slot for
+        return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw,
+                        changes=bool(changes), stream=stream, session=session, n_slots=n_slots,
+                        conversation="" if side else (session or _chain_key(chat)),
+                        slot=asked if client_slot else None,
+                        head_key=_head_key(head) if isinstance(head, Head) else "")
+
+    def _take_slot(self, request: _Request, *, deadline: Deadline, gone: threading.Event) -> Plan:
+        """Choose the slot and hold it. With every slot busy, wait in arrival order for any slot
+        to free (never on one slot's lock while another frees); a conversation's own slot, or the
+        client's choice, is waited for directly (``hold``). Then the upstream body, pinned to it."""
+        with self._freed:
+            ticket, in_line = object(), False
+            try:
+                while True:
+                    slot, rule = self._choose(request)
+                    first = not self._line or (in_line and self._line[0] is ticket)
+                    if rule in _DIRECT or (rule != "busy-lru" and first):
+                        break
+                    if deadline.remaining() <= 0 or gone.is_set():
+                        break  # the LRU slot, whose hold times out at once: forwarded unprepared
+                    if not in_line:
+                        self._line.append(ticket)
+                        in_line = True
+                    self._freed.wait(timeout=min(0.5, deadline.remaining()))
+            finally:
+                if in_line:
+                    self._line.remove(ticket)
+                    self._freed.notify_all()  # the next in line looks again
+            self.table.begin(slot, request.conversation)
+        plan = self._upstream_plan(request, slot)
+        plan.rule = rule
         try:
             plan.hold = self.tracker.hold(self.server, slot, deadline=deadline)
         except (LockTimeout, OcpcError) as exc:
             self.counters.add("fail_open:slot_busy")
             log.warning("slot %d stayed busy past the prepare's deadline; forwarding unprepared: %s", slot, exc)
             plan.why_not = str(exc)
-            return plan
-        try:
-            with plan.hold.inside():
-                plan.result = self.preparer.prepare(chat_raw, headers, slot=slot, deadline=deadline,
-                                                    session=session, head_of=adapter.head)
-        except BaseException:
-            self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
-            raise
-        self.counters.add(f"prepare:{plan.result.action}")
-        if plan.result.action == "failed":
-            self.counters.add("fail_open:prepare_failed")
-        if plan.result.fingerprint:
-            self.table.learn_head(head_key, plan.result.fingerprint)
-        if changes:
-            self.counters.add("normalised:" + adapter.name)
         return plan
 
-    def _choose(self, adapter: Adapter, chat: dict[str, Any], conversation: str,
-                n_slots: int) -> tuple[int, str, str]:
-        """(slot, the head's cheap key, the rule): the head is cut only for a new conversation."""
-        if n_slots <= 1:
-            return self.settings.slot, "", "single"
-        views = self.table.views(n_slots, self._held(n_slots))
-        if any(v.conversation == conversation for v in views):
-            choice = choose(views, Want(conversation=conversation))
-            return choice.slot, "", choice.rule
-        head = adapter.head(chat)
-        key = _head_key(head) if isinstance(head, Head) else ""
-        choice = choose(views, Want(conversation=conversation, head=self.table.head_of(key)))
-        log.debug("slot %d for new conversation %s (%s)", choice.slot, conversation, choice.rule)
-        return choice.slot, key, choice.rule
+    def _upstream_plan(self, request: _Request, slot: int) -> Plan:
+        """What goes upstream on ``slot``: pinned to it when the server has several."""
+        pinned = request.n_slots > 1
+        if request.api == "anthropic":
+            up = upstream_bytes(request.chat_raw, id_slot=slot if pinned else None)
+            plan = Plan(path="/v1/chat/completions", body=up, translate=True, stream=request.stream, slot=slot)
+        else:
+            forwarded = request.chat_raw
+            if pinned and request.slot is None:  # the slot prepared is the slot that runs it
+                forwarded = (_with_slot(forwarded, slot) if "id_slot" not in request.body
+                             else dump({**request.body, "id_slot": slot}))
+            plan = Plan(path=request.path, body=forwarded, stream=request.stream, slot=slot)
+        plan.adapter = request.adapter.name
+        return plan
 
-    def _held(self, n_slots: int) -> dict[int, tuple[str, bool]]:
-        """What the shared tracker says each slot holds (the daemon's actions included)."""
-        out: dict[int, tuple[str, bool]] = {}
+    def _choose(self, request: _Request) -> tuple[int, str]:
+        """(slot, the rule that chose it), under ``_freed``."""
+        if request.slot is not None:
+            return request.slot, "client"  # the client chose: prepare that slot
+        if request.n_slots <= 1:
+            return self.settings.slot, "single"
+        views = self.table.views(request.n_slots, self._held(request.n_slots))
+        conversation = request.conversation
+        if conversation and any(v.conversation == conversation for v in views):
+            choice = choose(views, Want(conversation=conversation))
+        else:
+            choice = choose(views, Want(conversation=conversation, head=self.table.head_of(request.head_key)))
+            log.debug("slot %d for new conversation %s (%s)", choice.slot, conversation or "(none)", choice.rule)
+        return choice.slot, choice.rule
+
+    def _held(self, n_slots: int) -> dict[int, Held]:
+        """What the shared tracker says each slot holds (the daemon's actions and conversations included)."""
+        out: dict[int, Held] = {}
         for slot in range(n_slots):
             holding = self.tracker.holding(self.server, slot)
             if holding is not None:
-                out[slot] = (holding.head, holding.exact and not holding.conversation)
+                out[slot] = Held(head=holding.head, exact=holding.exact and not holding.conversation,
+                                 conversation=holding.conversation)
         return out
 
     def _n_slots(self) -> int:
@@ -385,7 +464,9 @@ class Proxy:
             if plan.hold is not None:
                 plan.hold.release()
             if plan.slot is not None:
-                self.table.end(plan.slot, now=time.monotonic())
+                with self._freed:
+                    self.table.end(plan.slot, now=time.monotonic())
+                    self._freed.notify_all()
 
     # -- forwarding ----------------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str],
@@ -475,7 +556,7 @@ class Proxy:
                 chunk = translator.feed(chunk)
                 if not chunk:
                     continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._send_within(send, chunk)
             await asyncio.sleep(0)  # let a lost connection be noticed before the next write
         last = b""
         if translator is not None:
@@ -484,6 +565,19 @@ class Proxy:
             last = translated_whole(bytes(tail))
         await send({"type": "http.response.body", "body": last, "more_body": False})
         return learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
+
+    async def _send_within(self, send: Send, chunk: bytes) -> None:
+        """One chunk to the client, bounded: uvicorn's ``send`` waits while the client's socket is
+        full, and a client that stopped reading would hold its slot (and every request routed
+        there) for ever. Past the bound the answer is cut and the upstream request cancelled."""
+        try:
+            async with asyncio.timeout(self.bounds.client_stall_s):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except TimeoutError:
+            self.counters.add("client_stalled")
+            log.warning("the client read nothing for %g s; its answer is cut and its slot freed",
+                        self.bounds.client_stall_s)
+            raise ClientGone() from None
 
     async def _upstream_failed(self, send: Send, exc: BaseException) -> None:
         """The server is down, refused or did not answer in time: say so, as a gateway does."""
@@ -514,6 +608,16 @@ class Proxy:
                 raise OcpcError(f"the proxy forwards to a plain http llama-server on this machine, not {self.server}")
             self._client = Upstream(parts.hostname, parts.port or 80, connect_s=self.bounds.connect_s)
         return self._client
+
+
+async def _until_disconnect(receive: Receive, gone: threading.Event) -> None:
+    """While a request is planned (its body read): note a client that leaves (uvicorn answers
+    ``http.disconnect`` again to the forward's own watch afterwards)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            return
 
 
 def _with_slot(raw: bytes, slot: int | None) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oc_prefix_cache.affinity import AffinityTable, SlotView, Want, choose
+from oc_prefix_cache.affinity import AffinityTable, Held, SlotView, Want, choose
 
 
 def view(slot: int, *, busy: bool = False, conv: str = "", head: str = "", exact: bool = False,
@@ -85,7 +85,7 @@ def test_table_keeps_one_slot_per_conversation_and_tracks_use() -> None:
     table = AffinityTable()
     table.begin(0, "a")
     table.begin(1, "b")
-    views = table.views(2, {0: ("H", False)})
+    views = table.views(2, {0: Held("H", False)})
     assert [(v.conversation, v.busy, v.head) for v in views] == [("a", True, "H"), ("b", True, "")]
     table.end(0, now=5.0)
     table.begin(1, "a")  # "a" moved (its slot was taken while it was away): it is no longer in slot 0
@@ -93,3 +93,16 @@ def test_table_keeps_one_slot_per_conversation_and_tracks_use() -> None:
     assert [(v.conversation, v.busy, v.last_used) for v in views] == [("", False, 5.0), ("a", True, 0.0)]
     table.learn_head("key", "fp")
     assert table.head_of("key") == "fp" and table.head_of("other") == ""
+
+
+def test_a_conversation_another_front_door_left_in_a_slot_is_that_slots_conversation() -> None:
+    """The defect: the proxy read only (head, exact) from the tracker, so the plugin's conversation
+    on slot 0 looked free and the first proxied conversation (lowest-id tie-break) landed on it:
+    the two harnesses parked each other on slot 0 every turn while slot 1 sat idle."""
+    table = AffinityTable()
+    held = {0: Held("H", False, conversation="ses_opencode")}
+    views = table.views(2, held)
+    assert views[0].conversation == "ses_opencode"
+    assert choose(views, Want("claude-1", head="H")).slot == 1  # the free slot without a conversation
+    table.begin(0, "claude-1")  # while a request of ours runs there, the table's intent wins
+    assert table.views(2, held)[0].conversation == "claude-1"

@@ -388,3 +388,130 @@ def test_the_cli_says_what_is_wrong_in_one_line(args: list[str]) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     assert ("loopback only" if "--host" in args else "cannot listen on 127.0.0.1") in lines[0]
+
+
+# -- many agents on a few slots (issue 17's defects; each failed before its fix) ---------------------
+
+TOOLS = [{"type": "function", "function": {"name": "read", "description": "read a file",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+def agent_body(text: str) -> dict[str, Any]:
+    return {**CHAT, "tools": TOOLS, "messages": [{"role": "system", "content": "you are an agent"},
+                                                 {"role": "user", "content": text}]}
+
+
+def sent_slot(stub: Any, text: str) -> int:
+    """The id_slot the upstream got for the request whose last message is ``text``."""
+    for seen in reversed(stub.seen):
+        if seen["method"] == "POST" and text.encode() in seen["body"]:
+            return int(json.loads(seen["body"])["id_slot"])
+    raise AssertionError(f"no request with {text!r} reached the upstream")
+
+
+def test_a_conversation_the_plugin_left_in_a_slot_is_not_given_to_a_proxied_one(proxy_for: Any) -> None:
+    """`ocpc launch -np 2`: the plugin's conversation lives on slot 0 (the daemon's record in the
+    shared tracker). A new proxied conversation takes the idle slot 1, not slot 0."""
+    from oc_prefix_cache.tracker import Holding, Observation
+
+    with Stub(slots=2) as stub:
+        proxy = proxy_for(stub.url)
+        left = Observation(id_task=1, n_tokens=0, n_processed=None, n_cached=None)
+        proxy.proxy.tracker.leave(stub.url, 0, Holding(kind="conv", key="ses_oc", head="H", n_tokens=9000,
+                                                       exact=False, left=left, conversation="ses_oc"))
+        assert post(proxy.url, agent_body("a claude code session")).status_code == 200
+        assert sent_slot(stub, "a claude code session") == 1
+
+
+def test_with_every_slot_busy_a_request_takes_the_first_slot_that_frees(proxy_for: Any) -> None:
+    """Both slots busy, slot 0 for long: a new conversation waits for whichever slot frees first
+    (slot 1, soon), not on the LRU slot's lock until its long answer ends."""
+    with Stub(slots=2) as stub:
+        proxy = proxy_for(stub.url)
+        threads = [threading.Thread(target=post, args=(proxy.url, agent_body(text)),
+                                    kwargs={"headers": {"x-stub": mode}})
+                   for text, mode in (("long one", "slow:60:100"), ("short one", "slow:6:100"))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.3)
+        started = time.monotonic()
+        assert post(proxy.url, agent_body("a third agent")).status_code == 200
+        waited = time.monotonic() - started
+        assert sent_slot(stub, "a third agent") == sent_slot(stub, "short one")
+        assert waited < 3.0, waited  # the long answer takes ~6 s
+        for thread in threads:
+            thread.join(15)
+
+
+def test_a_request_with_no_head_does_not_run_over_its_sessions_slot(proxy_for: Any) -> None:
+    """A title request (no tools) of a session whose conversation holds slot 0 goes to the free
+    slot: it would wipe the conversation it shares the session id with."""
+    with Stub(slots=2) as stub:
+        proxy = proxy_for(stub.url)
+        session = {"x-session-id": "ses_title"}
+        assert post(proxy.url, agent_body("the conversation"), headers=session).status_code == 200
+        own = sent_slot(stub, "the conversation")
+        title = {**CHAT, "messages": [{"role": "user", "content": "a title for this"}]}
+        assert post(proxy.url, title, headers=session).status_code == 200
+        assert sent_slot(stub, "a title for this") != own
+        assert post(proxy.url, agent_body("the conversation"), headers=session).status_code == 200
+        assert sent_slot(stub, "the conversation") == own  # the conversation kept its slot
+
+
+def test_a_body_that_cannot_be_serialised_leaves_no_slot_busy(proxy_for: Any) -> None:
+    """A lone surrogate (a truncated emoji) cannot be written as UTF-8: the request goes on
+    unchanged and the slot it was about to take is not left busy for ever."""
+    with Stub(slots=2) as stub:
+        proxy = proxy_for(stub.url)
+        raw = (b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"},'
+               b'{"role":"assistant","content":"yes"},{"role":"user","content":"broken \\ud83d"}]}')
+        post(proxy.url, raw, path="/v1/messages")
+        assert all(s["busy"] == 0 for s in proxy.status()["slots"].values()), proxy.status()["slots"]
+
+
+def test_a_client_that_stops_reading_gives_its_slot_up(proxy_for: Any, stub: Any) -> None:
+    """A Ctrl-Z'd agent: its socket full, the proxy's send waits. Past the stall bound its answer
+    is cut and the slot freed for the next request (-np 1: everyone's)."""
+    import socket
+
+    proxy = proxy_for(stub.url, bounds=Bounds(client_stall_s=1.0))
+    port = int(proxy.url.rsplit(":", 1)[1])
+    raw = json.dumps(agent_body("never read")).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"x-stub: stream:400000\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+    try:
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert post(proxy.url, agent_body("the next agent"), timeout=60).status_code == 200
+        assert time.monotonic() - started < 15
+        assert proxy.counters().get("client_stalled") == 1
+    finally:
+        sock.close()
+
+
+def test_a_client_that_leaves_while_waiting_for_its_slot_gets_no_prepare(proxy_for: Any, tmp_path: Path) -> None:
+    """A request waiting for a held slot whose client gives up (a cancelled turn) must not, once
+    the slot frees, prepare, park or evict anything for nobody."""
+    import socket
+
+    with Stub(slots=1) as stub:
+        settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
+        counting = SlowPreparer(build_preparer(settings, server_url=stub.url), delay=0.0)
+        proxy = proxy_for(stub.url, preparer=counting)  # type: ignore[arg-type]
+        first = threading.Thread(target=post, args=(proxy.url, agent_body("holds the slot")),
+                                 kwargs={"headers": {"x-stub": "slow:20:100"}})
+        first.start()
+        time.sleep(0.3)
+        raw = json.dumps(agent_body("gives up")).encode()
+        with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+            time.sleep(0.3)
+        first.join(15)
+        time.sleep(0.5)
+        assert len(counting.calls) == 1  # the first request's prepare only
+        assert not any(b"gives up" in s["body"] for s in stub.seen)
+        assert proxy.counters().get("client_gone_before_prepare") == 1
