@@ -162,14 +162,14 @@ def free_port() -> int:
 class Proxied:
     """An in-process `ocpc proxy` (uvicorn in a thread), as `ocpc launch` runs it."""
 
-    def __init__(self, upstream: str, home: Path) -> None:
+    def __init__(self, upstream: str, home: Path, *, watch: bool = False) -> None:
         from oc_prefix_cache.proxy import Proxy
         from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
         from oc_prefix_cache.settings import Settings
 
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home)})
         self.proxy = Proxy(settings=settings, preparer=build_preparer(settings, server_url=upstream))
-        self.server = ProxyServer(self.proxy, port=0)
+        self.server = ProxyServer(self.proxy, port=0, watch=watch)  # watch: as `ocpc proxy` runs it
         self.url = self.server.url
 
     def __enter__(self) -> Proxied:

@@ -7,7 +7,9 @@ exhaustively without a server (tests/test_decision.py).
 
 The rules, in order:
 1. A request with no head worth caching (a title request, no tools, its own LoRA) is
-   skipped: the slot is left as it is.
+   skipped: the slot is left as it is (the prepare parks a conversation it displaces).
+   So is any request for a slot the server shows processing a request ocpc does not hold:
+   the server defers slot actions until that request ends, and then they would wipe it.
 2. The same conversation going on, in a slot that still holds it (nothing else ran since
    ocpc last saw it, no restart): ``hit``, nothing to do.
 3. A new session (no earlier assistant turn):
@@ -21,6 +23,9 @@ The rules, in order:
    - after a restart, in an empty slot, or in a slot that holds only a head or another
      conversation ocpc knows: restore its park (only its new tokens are processed), else
      its project head (same day), else its head;
+   - but first: when the server's own RAM prompt cache should still hold it (ramcache.py),
+     ``hit`` with nothing done: the server stashes the slot's occupant and swaps this one in
+     from RAM itself, faster than any slot action (and the report proves it did);
    - in a slot whose contents ocpc cannot vouch for: leave it alone (``skip``); a restore
      would wipe live state ocpc cannot park, and the server's own cache decides.
 5. Before anything replaces (or, on a transformer, truncates) another conversation that
@@ -51,6 +56,7 @@ class SlotFacts:
     exact: bool  # ... and the slot holds exactly a prefix ocpc made (no request ran since)
     holds_conversation: str  # the conversation in the slot, when known ("" none or unknown)
     partial_cache: bool  # hybrid/recurrent/SWA model: rolls back only to checkpoints
+    busy: bool = False  # the server shows a request processing in it (not one ocpc holds)
     exact_key: str | None = None  # the key of the prefix held exactly (head fingerprint or project key)
     occupant_parkable: bool = False  # a known other conversation whose unsaved tail is worth parking
 
@@ -66,6 +72,7 @@ class RequestFacts:
     park: FileState = FileState.MISSING  # this conversation's parked file
     project: str | None = None  # its project head's key, when one can be cut (new sessions)
     project_file: FileState = FileState.MISSING
+    in_ram: bool = False  # the server's own RAM prompt cache should hold this conversation (ramcache.py)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,9 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                        exact_key=None, occupant_parkable=False)
     if request.skip is not None or request.head is None:
         return Action("skip", request.skip or "no head")
+    if slot.busy:  # a restore, warm or park would be deferred past that request, then wipe its state
+        return Action("skip", "the slot is processing another request: left to the server (a slot action "
+                      "now would land after that request and wipe what it leaves)")
     if request.continues_slot and slot.known:
         return Action("hit", "same conversation: the slot still holds it", target="slot")
     park_first = slot.known and slot.occupant_parkable
@@ -94,6 +104,9 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                  else "in a slot that holds only a head" if not slot.holds_conversation
                  else "in a slot that holds another conversation")
         why = f"a conversation going on {where}" if not slot.restarted else "a conversation going on after a restart"
+        if request.in_ram and slot.known and not slot.restarted:  # the server swaps it in from RAM itself
+            return Action("hit", f"{why}: the server's RAM cache holds it (the server stashes the slot's "
+                          "conversation and loads this one; ocpc touches nothing)", target="ram")
         if request.park is not FileState.MISSING:
             return Action("restore", f"{why}: restore its park", prove=request.park is FileState.PRESENT,
                           park_first=park_first, target="park")

@@ -44,6 +44,7 @@ from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, 
 from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
+from .ramcache import RamLimit, RamModel
 from .server_info import flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient
@@ -58,7 +59,9 @@ ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
-GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
+GC_REQUEUE_S = 600.0
+DISPLACING_S = 300.0  # a park at displacement this recent: conversations outnumber slots, park ahead
+BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)  # a gc pass queued this long ago and not started was dropped
 
 
 @dataclass
@@ -101,8 +104,9 @@ class _Loaded:
     prefix: Prefix  # the prefix the request should reuse: head, project head, park, or the slot's own
     expected: int  # its tokens
     file: str  # the file restored or saved ("" for a hit)
-    source: str  # "slot" (a hit) | "head" | "proj" | "park"
+    source: str  # "slot" (a hit) | "head" | "proj" | "park" | "ram" (the server's RAM cache)
     own: bool = False  # a hit on the conversation's own live state (nothing changed)
+    stored: int | None = None  # tokens of it in a file, when not ``expected`` (a RAM hit: its park's, if any)
 
 
 @dataclass
@@ -145,6 +149,9 @@ class Preparer:
         self._seq = 0
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
+        self.ram = RamModel()  # what the server's own RAM prompt cache holds (ramcache.py)
+        self._ram_tokens: dict[tuple[int, int], int] = {}  # (epoch, slot) -> a RAM hit's expected tokens
+        self._displaced_at: float | None = None  # when a prepare last parked a conversation to displace it
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
@@ -198,7 +205,10 @@ class Preparer:
         """
         record = self._record_for(prepare_id, fingerprint)
         verdict = "unknown"
-        if record is not None:
+        if record is not None and record.action == "side":  # proves nothing; the slot holds nothing to keep
+            verdict = "side"
+            self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
+        elif record is not None:
             served = served_from_head(cache_n=cache_n, prefix_tokens=record.expected)
             verdict = "served" if served else "missed"
             self._count(f"report_{verdict}")
@@ -321,11 +331,11 @@ class Preparer:
         parsed = parse(text)
         body = from_parsed(parsed)
         head = head_of(body.data)
-        if isinstance(head, Skip):
-            return PrepareResult("skipped", reason=head.reason)
-        conversation = session or _chain_id(parsed.digests)
         server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
                                  deadline=deadline)
+        if isinstance(head, Skip):  # a title or summary: nothing to load, but what it displaces is parked
+            return self._side(head.reason, slot, server, deadline)
+        conversation = session or _chain_id(parsed.digests)
         if not server.model_files:
             raise OcpcError(
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
@@ -337,6 +347,8 @@ class Preparer:
         harness = harness_of(headers.get("user-agent", ""))
         continuing = any(m.get("role") == "assistant" for m in body.messages)
         system = message_text(body.messages[0]) if body.messages else None
+        if continuing:  # its park may be being written right now, by whoever took its slot
+            self._await_park(conversation, slot, deadline=deadline)
         index = self._index()
         park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
             if continuing and index is not None else None
@@ -346,21 +358,24 @@ class Preparer:
             if plan.project else None
         trail = Trail.of(parsed, session=session)
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-            seen = self._observe(slot, deadline=deadline)
+            seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
             request = RequestFacts(
                 skip=None, conversation=conversation,
                 continues_slot=seen.trail is not None and _continues(seen.trail, trail), continuing=continuing,
                 head=plan.fingerprint, head_file=self._file_state("head", plan.fingerprint),
                 park=self._file_state("conv", park.key) if park else FileState.MISSING,
                 project=project, project_file=self._project_state(index, project))
+            in_ram = self.ram.holds(conversation, epoch=seen.epoch) if continuing else 0
+            request = replace(request, in_ram=in_ram > 0)
             action = decide(_slot_facts(seen, conversation, cache=server.cache,
                                         park_min=self.settings.park_min_tokens), request)
+            self._follow_ram(action, slot, seen, plan, conversation)
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)
             parked = ""
             if action.park_first:
-                parking = time.perf_counter()
+                self._displaced_at, parking = time.monotonic(), time.perf_counter()
                 seen = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
                 parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
                           f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
@@ -410,6 +425,11 @@ class Preparer:
         """Do what the decision says; a longer prefix that fails its gates falls back to the
         head, a head that fails them is rebuilt."""
         head = Prefix("head", plan.fingerprint, plan.tokens)
+        if action.kind == "hit" and action.target == "ram":  # the server loads it: expect its whole history
+            tokens = self._ram_tokens.pop((seen.epoch, slot), 0)
+            stored = park.n_tokens if park else 0
+            return _Loaded(Done("hit", action.reason, False), Prefix("conv", park.key if park else "", ()),
+                           tokens, "", "ram", stored=stored)
         if action.kind == "hit":
             holding = seen.holding
             exact = bool(holding and holding.exact)
@@ -484,10 +504,10 @@ class Preparer:
         done = loaded.done
         if loaded.own and seen.holding is not None:
             return replace(seen.holding, left=seen.now)
-        if done.action == "hit":  # a new session on a prefix the slot holds: nothing changed either
+        if done.action == "hit":  # a new session on a prefix the slot holds, a RAM swap: ocpc changed nothing
             return Holding(kind=loaded.prefix.kind, key=loaded.prefix.key, head=plan.fingerprint,
                            n_tokens=loaded.expected, exact=done.exact, left=seen.now, conversation=conversation,
-                           stored=loaded.expected)
+                           stored=loaded.expected if loaded.stored is None else loaded.stored)
         now = self.executor.observe(slot, deadline=deadline)
         return Holding(kind=loaded.prefix.kind, key=loaded.prefix.key, head=plan.fingerprint,
                        n_tokens=len(done.tokens) or loaded.expected, exact=done.exact, left=now,
@@ -504,12 +524,111 @@ class Preparer:
         if seen.restarted or seen.epoch != record.epoch or not now.after_request(prompt=prompt, generated=generated):
             self.tracker.forget(self.server, record.slot, "could not tie the slot's contents to the request")
             return
+        if record.action == "side":  # a title's state: known, and nothing in it worth parking
+            self.tracker.leave(self.server, record.slot, Holding(
+                kind="side", key="", head="", n_tokens=prompt, exact=False, left=now, stored=prompt),
+                epoch=record.epoch)
+            return
         self.tracker.leave(self.server, record.slot, Holding(
             kind="conv", key=record.conversation, head=record.fingerprint, n_tokens=prompt,
             exact=False, left=now, conversation=record.conversation, stored=record.stored),
             trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
         self.idle.mark(record.slot, Idle(epoch=record.epoch, conversation=record.conversation,
                                          since=time.monotonic()))
+
+    # -- under load: other requests, other slots -------------------------------------------
+    def _ram_capacity(self) -> int | None:
+        """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known:
+        a server whose command line ocpc cannot read, or before its first save)."""
+        argv = self._server_argv()
+        if argv is None:
+            return 0
+        limit = RamLimit.from_flag(flag_value(argv, ("--cache-ram", "-cram")))
+        return limit.tokens(self.executor.costs.bytes_per_token)
+
+    def _follow_ram(self, action: Action, slot: int, seen: Seen, plan: HeadPlan, conversation: str) -> None:
+        """What the server's RAM cache does with this request (ramcache.py): a request that runs
+        over another conversation without a slot action of ocpc's makes the server stash that
+        one (when the slot keeps under half of it: ``get_available_slot``); a RAM hit takes
+        this conversation out of RAM and into the slot."""
+        epoch, holding = seen.epoch, seen.holding
+        if action.target == "ram":
+            self._ram_tokens[(epoch, slot)] = self.ram.holds(conversation, epoch=epoch)
+            self.ram.loaded(conversation, epoch=epoch)
+            self._count("ram_swap")
+        if action.kind != "hit" or action.target == "slot" or holding is None or holding.kind != "conv":
+            return
+        if not holding.conversation or holding.conversation == conversation:
+            return
+        kept = len(plan.tokens) if holding.head == plan.fingerprint else 0
+        if kept < 0.5 * holding.n_tokens:
+            self.ram.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self._ram_capacity())
+
+
+    def _until_idle(self, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
+        """The slot as it is once no request runs in it, waiting at most ``BUSY_WAIT_S``. Why: a
+        slot action on a busy slot is deferred by the server until that request's generation
+        ends, then wipes what it left unparked (and lands even after ocpc's call timed out).
+        Right after a request of ours ends the server may still show it busy for a moment."""
+        waited = Deadline.after(min(BUSY_WAIT_S, deadline.remaining()))
+        while seen.now.busy and waited.remaining() > 0:
+            time.sleep(0.02)
+            seen = self._observe(slot, deadline=deadline)
+        return seen
+
+    def _await_park(self, conversation: str, slot: int, *, deadline: Deadline) -> None:
+        """A conversation going on in a slot other than the one that holds it, while that slot
+        holds its unsaved tail: whoever took that slot is parking it (or about to). Wait until the
+        tracker shows that slot moved on, so the index read next finds the park, instead of
+        re-prefilling from the head. Bounded by the deadline; a few microseconds when not so."""
+        def live_elsewhere() -> bool:
+            for other in self.tracker.slots(self.server):
+                holding = self.tracker.holding(self.server, other)
+                if (other != slot and holding is not None and holding.kind == "conv"
+                        and holding.conversation == conversation and holding.stored < holding.n_tokens):
+                    return True
+            return False
+
+        if not conversation or not live_elsewhere():
+            return
+        started = time.perf_counter()
+        while live_elsewhere() and deadline.remaining() > 0.05:
+            time.sleep(0.02)
+        self._count("waited_for_park")
+        log.info("%s went on in slot %d while another slot held it: waited %.0f ms for its park", conversation,
+                 slot, (time.perf_counter() - started) * 1000)
+
+    def _side(self, why: str, slot: int, server: ServerIdentity, deadline: Deadline) -> PrepareResult:
+        """A request with no head (a title, a summary): nothing to load. What it displaces is
+        parked first, and its report marks the slot as holding a side request (nothing to keep),
+        so the conversation's next turn restores its park there instead of leaving the slot alone
+        as one whose contents ocpc cannot vouch for."""
+        reason = why + ("" if server.cache.restores_serve else self._park_for_side(slot, server, deadline))
+        epoch = self.tracker.epoch(self.server)
+        with self._guard:
+            self._seq += 1
+            prepare_id = f"{self._seq:x}-side"
+            self._records[prepare_id] = _Record(slot=slot, epoch=epoch, action="side", fingerprint="", expected=0,
+                                                conversation="", file="", planned_split=False, stored=0)
+        return PrepareResult("skipped", reason=reason, prepare_id=prepare_id)
+
+    def _park_for_side(self, slot: int, server: ServerIdentity, deadline: Deadline) -> str:
+        """Before a request with no head (a title) runs over the slot's conversation, park it: it
+        would otherwise be lost to that request. Failing here fails nothing: the request goes on."""
+        try:
+            with self.tracker.slot_lock(self.server, slot, deadline=deadline):
+                seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
+                facts = _slot_facts(seen, "", cache=server.cache, park_min=self.settings.park_min_tokens)
+                if seen.now.busy or not (facts.known and facts.occupant_parkable):
+                    return ""
+                parking = time.perf_counter()
+                after = self._park_occupant(seen, slot, server=server,
+                                            identity=server_key(server, ocpc_version=__version__), deadline=deadline)
+        except OcpcError as exc:
+            log.warning("could not park slot %d's conversation before a request without a head: %s", slot, exc)
+            return f"; the slot's conversation could not be parked first ({exc})"
+        return (f"; parked the slot's conversation first ({after.holding.n_tokens if after.holding else 0} tokens "
+                f"in {(time.perf_counter() - parking) * 1000:.0f} ms)")
 
     # -- parking ahead -------------------------------------------------------------------
     def _park_ahead(self) -> None:
@@ -524,8 +643,17 @@ class Preparer:
                 continue
             candidates.append(Candidate(slot, idle, unsaved=holding.n_tokens - holding.stored,
                                         est_seconds=self.executor.costs.seconds_for(holding.n_tokens)))
+        threshold = self.settings.park_ahead_s
+        live = sum(c.unsaved for c in candidates)
+        displacing = self._displaced_at is not None and time.monotonic() - self._displaced_at < DISPLACING_S
+        if threshold is not None and candidates and (displacing or self.ram.over(
+                self._ram_capacity(), live=live, epoch=self.tracker.epoch(self.server))):
+            # more conversations than slots (a park at displacement a moment ago), or more than the
+            # RAM cache keeps: an idle conversation is likely displaced before it returns, and its
+            # park then costs the displacing request nothing
+            threshold = 0.0
         for candidate in due(candidates, now=time.monotonic(), park_min=self.settings.park_min_tokens,
-                             threshold_s=self.settings.park_ahead_s):
+                             threshold_s=threshold):
             self._park_slot_ahead(candidate)
 
     def _park_slot_ahead(self, candidate: Candidate) -> None:
@@ -623,7 +751,7 @@ class Preparer:
         process = self.tracker.process(self.server)
         gone = process is not None and process_start(process[0]) != process[1]
         return self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline),
-                                    process_gone=gone)
+                                    process_gone=gone, process_alive=process is not None and not gone)
 
     def _witnessed(self) -> bool:
         """Whether ocpc watches the server's process (so a restore needs no task after it)."""
@@ -735,6 +863,7 @@ def _slot_facts(seen: Seen, conversation: str, *, cache: CacheFacts, park_min: i
                 and holding.conversation != conversation and seen.trail is not None
                 and holding.n_tokens - holding.stored >= park_min)
     return SlotFacts(restarted=seen.restarted, known=holding is not None, empty=not seen.now.n_tokens,
+                     busy=seen.now.busy,
                      holds_head=holding.head if holding else None, exact=bool(holding and holding.exact),
                      holds_conversation=holding.conversation if holding else "", partial_cache=cache.partial_cache,
                      exact_key=holding.key if holding and holding.exact else None, occupant_parkable=parkable)

@@ -79,7 +79,7 @@ class Observation:
 class Holding:
     """What ocpc knows the slot holds, and the observation that vouches for it."""
 
-    kind: str  # "head" | "proj" | "conv": the kind of prefix ocpc put there or saw reused
+    kind: str  # "head" | "proj" | "conv" | "side" (a request with no head: nothing to keep)
     key: str  # its key: head fingerprint, project-head key or conversation id
     head: str  # the head fingerprint underneath
     n_tokens: int  # tokens of that reusable prefix
@@ -155,17 +155,24 @@ class SlotTracker:
         self._local = threading.local()  # per thread: the slots it works in under a SlotHold
 
     # -- observations ----------------------------------------------------------------------
-    def observe(self, server: str, slot: int, now: Observation, *, process_gone: bool = False) -> Seen:
+    def observe(self, server: str, slot: int, now: Observation, *, process_gone: bool = False,
+                process_alive: bool = False) -> Seen:
         """Record ``now``; notice a restart; keep the holding only if ``now`` vouches for it.
 
         ``process_gone``: the server process ocpc knew (``witness``) has ended: a restart,
-        whatever /slots shows.
+        whatever /slots shows. ``process_alive``: that process is still the one running, so a
+        smaller ``id_task`` is not a restart: the server ran a deferred older task (a slot
+        action) after a newer one. Without a witness, a smaller id is taken for a restart.
         """
         with self._guard:
             state = self._server(server)
             slot_state = state.slots.setdefault(slot, SlotState())
             seen = slot_state.last_task
-            restarted = process_gone or (seen is not None and (now.id_task is None or now.id_task < seen))
+            dropped = seen is not None and (now.id_task is None or now.id_task < seen)
+            restarted = process_gone or (dropped and not process_alive)
+            if dropped and not restarted:
+                log.debug("slot %d task id %s -> %s on the same server process: a deferred task", slot, seen,
+                          now.id_task)
             if restarted:
                 why = "its process ended" if process_gone else f"slot {slot} task id {seen} -> {now.id_task}"
                 self._restart(server, state, why)

@@ -127,3 +127,22 @@ def test_proofs_are_bounded() -> None:
     for i in range(SlotTracker.MAX_PROOFS + 10):
         tracker.prove("u", (f"f{i}", 1, 1), epoch=0)
     assert len(tracker.snapshot()["u"]) and tracker.snapshot()["u"]["proven"] <= SlotTracker.MAX_PROOFS
+
+
+def test_a_smaller_task_id_on_the_same_server_process_is_not_a_restart() -> None:
+    """The defect: any drop in a slot's id_task was taken for a restart, but the server runs a
+    deferred older task (a slot action) after a newer one; every proof and record was dropped
+    for nothing. With the process witnessed alive, a drop is a deferred task; without a
+    witness it is still a restart (a fresh server counts from 0)."""
+
+    tracker = SlotTracker()
+    url = "http://127.0.0.1:1"
+    tracker.observe(url, 0, Observation(id_task=40, n_tokens=10, n_processed=1, n_cached=9))
+    tracker.prove(url, ("oc-prefix-x.bin", 1, 1), epoch=0)
+    late = Observation(id_task=31, n_tokens=10, n_processed=1, n_cached=9)
+    tracker.leave(url, 0, Holding(kind="head", key="h", head="h", n_tokens=10, exact=True, left=late))
+    seen = tracker.observe(url, 0, late, process_alive=True)
+    assert not seen.restarted and seen.holding is not None
+    assert tracker.proven(url, ("oc-prefix-x.bin", 1, 1))
+    seen = tracker.observe(url, 0, Observation(id_task=2, n_tokens=0, n_processed=0, n_cached=0))
+    assert seen.restarted  # no witness: a smaller id is a restart

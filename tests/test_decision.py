@@ -113,11 +113,22 @@ def test_a_restart_is_never_a_hit() -> None:
         assert decide(facts, request(continues_slot=continues, continuing=continuing)).kind != "hit"
 
 
+def test_a_slot_the_server_shows_busy_is_never_restored_into() -> None:
+    """The defect: decide never read ``busy``, so a new session restored its head into a slot
+    running another client's request; the server deferred the restore to that request's end,
+    then wiped what it left, unparked (and landed even after ocpc's call timed out)."""
+    for req in (NEW, request(continuing=True, conversation="ses_c", park=FileState.PROVEN),
+                request(head_file=FileState.MISSING)):
+        action = decide(slot(busy=True, exact=False, holds_head=OTHER), req)
+        assert action.kind == "skip" and "processing another request" in action.reason
+
+
 slot_facts = st.builds(
     SlotFacts, restarted=st.booleans(), known=st.booleans(), empty=st.booleans(),
     holds_head=st.sampled_from([None, HEAD, OTHER]), exact=st.booleans(),
     holds_conversation=st.sampled_from(["", "ses_a", "ses_b"]), partial_cache=st.booleans(),
-    exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa"]), occupant_parkable=st.booleans())
+    exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa"]), occupant_parkable=st.booleans(),
+    busy=st.booleans())
 request_facts = st.builds(
     RequestFacts, skip=st.sampled_from([None, None, "no tools"]), conversation=st.sampled_from(["ses_a", "ses_b"]),
     continues_slot=st.booleans(), continuing=st.booleans(), head=st.sampled_from([HEAD, OTHER, None]),
@@ -148,6 +159,8 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
             assert action.park_first
     if action.park_first:
         assert facts.known and facts.occupant_parkable and not facts.restarted
+    if facts.busy:  # a slot action on a busy slot lands after that request and wipes it
+        assert action.kind == "skip"
     if action.target == "park":
         assert req.park is not FileState.MISSING and req.continuing
     if action.target == "proj" and action.kind == "restore":

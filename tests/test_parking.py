@@ -54,7 +54,7 @@ class Turns:
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         result = self.preparer.prepare(raw, conv.headers())
         timings = chat(self.url, body)
-        if result.fingerprint:
+        if result.prepare_id:  # as the proxy does (a skipped title's report marks its slot)
             self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n, prompt_n=timings.prompt_n,
                                  prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
         self.new_tokens = timings.cache_n + timings.prompt_n - self.prompts.get(conv.session, 0)
@@ -445,3 +445,50 @@ def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_rest
         assert result.action == "restored" and result.source == "park", result
         chat(server.url, nxt)  # its report never comes (a plugin that failed, a client that left)
     assert ("gated" in result.reason) is not witness, result  # the probe only where it is the witness
+
+
+def test_a_title_between_turns_parks_the_conversation_it_displaces(turns) -> None:
+    """A request with no head (OpenCode's title, Claude Code's quota check) used to be skipped
+    before any park and then ran over the slot's conversation: its next turn found the slot
+    changed, no park, and re-processed everything. Now what it displaces is parked first."""
+    server, t = turns("qwen3")
+    parent = workload.parent()
+    t.turn(parent)
+    t.turn(parent)
+    title = json.loads((workload.CAPTURES / "opencode-1.18.33" / "01_projA_turn1_title_request.json").read_text())
+    title = title.get("body_json", title)
+    result, _ = t.turn(workload.Conversation(parent.session, {}), body=title)
+    assert result.action == "skipped" and "parked the slot's conversation first" in result.reason, result
+    back, timings = t.turn(parent)
+    assert back.action == "restored" and back.source == "park", back
+    t.assert_only_new_tokens(back, timings)
+
+
+def test_a_next_turn_while_its_slot_is_being_taken_waits_for_its_park(tmp_path: Path) -> None:
+    """The race: conversation A's slot is taken by B, whose prepare parks A; A's next turn, sent
+    to another slot meanwhile, read the index before the park was recorded, found none and
+    re-prefilled from its head. It now waits while another slot holds A's unsaved tail."""
+    import threading
+
+    from oc_prefix_cache.tracker import Holding, Observation
+
+    t = Turns("http://127.0.0.1:9", Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path)}))
+    tracker, url = t.preparer.tracker, t.preparer.server
+    left = Observation(id_task=5, n_tokens=4000, n_processed=100, n_cached=3900)
+    live = Holding(kind="conv", key="ses_a", head="H", n_tokens=4000, exact=False, left=left,
+                   conversation="ses_a", stored=1800)
+    tracker.leave(url, 0, live)
+
+    def park_done() -> None:  # B's prepare: A parked (exact, all stored), then B's head restored
+        time.sleep(0.4)
+        tracker.leave(url, 0, replace(live, exact=True, stored=4000))
+
+    threading.Thread(target=park_done).start()
+    started = time.monotonic()
+    t.preparer._await_park("ses_a", 1, deadline=Deadline.after(5))
+    assert 0.35 < time.monotonic() - started < 2.0
+    started = time.monotonic()  # nothing in flight: no wait at all
+    t.preparer._await_park("ses_a", 1, deadline=Deadline.after(5))
+    t.preparer._await_park("ses_b", 1, deadline=Deadline.after(5))
+    assert time.monotonic() - started < 0.05
+    t.close()

@@ -1,0 +1,400 @@
+"""Many agents at once: K concurrent coding agents on N slots, plain llama-server vs ocpc.
+
+An *agentic ramp*: K agent loops, each its own conversation started from a captured harness
+first request (OpenCode in two projects, Claude Code, pi; a project of its own per agent),
+growing by a tool result per turn (~450 tokens of code here) with a short reply, then a tool
+gap (3-10 s, seeded per agent, the same in both arms) in which the agent holds no request.
+Each point runs ``--window`` seconds; turns in flight at its end are not counted.
+
+Model: the real Gemma 3 270M (`--no-repack`): the tiny models crash b11434 as soon as two slots
+process at once (docs/performance.md). Prefill runs ~550 tokens/s here, so re-prefilling a
+conversation costs 10-30 s and a turn's new tokens about one.
+
+Arms, each on its own fresh llama-server per point, alternated point by point:
+- ``plain``: llama-server at its defaults (`-np N --metrics --no-repack`);
+- ``ocpc``: the server `ocpc launch` starts (`--swa-full`, checkpoints, `-ub 512`) with an
+  in-process `ocpc proxy` in front; every agent goes through the proxy (OpenCode's adapter
+  included). Its ocpc home is kept across the points of one N (heads are saved once per
+  configuration: that is the product).
+Both arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a 27B's default
+8 GiB at ~100 KB per token), measured from a slot save of the first head, so the server's
+RAM cache runs out where it would for a real user.
+
+Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the share of prompt
+tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
+tokens of the answered requests: ocpc's warms and probes count against it), parks written and
+restored, requests failed (must be 0).
+
+    .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2,4,8,16 --window 240
+    .venv/bin/python bench/agents_bench.py --smoke          # CI: K=4 on N=2, 60 s per arm
+    .venv/bin/python bench/agents_bench.py --json out.json --png out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.proxy_bench import Proxied  # noqa: E402
+from oc_prefix_cache.launch import family_flags  # noqa: E402
+from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
+from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
+from oc_prefix_cache.rig import ensure_rig  # noqa: E402
+from oc_prefix_cache.server_info import model_family  # noqa: E402
+from oc_prefix_cache.settings import Settings  # noqa: E402
+from tests import workload  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+RAM_TOKENS = 80_000  # what a 27B's default --cache-ram 8192 holds at ~100 KB per token
+CTX_PER_SLOT = 32_768  # Gemma 3 270M's trained context
+LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512")
+REPLY_TOKENS = 24
+
+
+# -- the agents -------------------------------------------------------------------------------------
+
+
+def _capture(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    data = json.loads(path.read_text())
+    pairs = data["headers"].items() if isinstance(data["headers"], dict) else data["headers"]
+    skip = {"content-length", "host", "authorization", "connection", "accept-encoding"}
+    return {str(k).lower(): str(v) for k, v in pairs if str(k).lower() not in skip}, data["body_json"]
+
+
+@dataclass
+class Agent:
+    """One agent: its conversation, grown by one tool round per turn."""
+
+    name: str
+    path: str  # /v1/chat/completions or /v1/messages
+    headers: dict[str, str]
+    body: dict[str, Any]
+    seed: int
+    turns: int = 0
+
+    def next_body(self) -> dict[str, Any]:
+        if self.turns:
+            n, result = self.turns, workload.tool_result(self.turns, lines=12)
+            call = f"call_{self.name}_{n}"
+            if self.path == "/v1/messages":
+                tool = self.body["tools"][0]["name"]
+                self.body["messages"] += [
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": call, "name": tool,
+                                                       "input": {"file_path": f"src/module_{n}.py"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": result}]}]
+            else:
+                self.body["messages"] += [
+                    {"role": "assistant", "content": "", "tool_calls": [{"id": call, "type": "function", "function": {
+                        "name": "read", "arguments": json.dumps({"filePath": f"src/module_{n}.py"})}}]},
+                    {"role": "tool", "tool_call_id": call, "content": result}]
+        self.turns += 1
+        return copy.deepcopy(self.body)
+
+
+def make_agents(k: int) -> list[Agent]:
+    """K agents, cycling through the harnesses; each its own project and session."""
+    agents = []
+    for i in range(k):
+        kind = ("opencode-A", "claude-code", "opencode-B", "pi")[i % 4]
+        project = f"/home/dev/agent{i}"
+        if kind.startswith("opencode"):
+            conv = workload.parent(f"ses_agent{i}") if kind == "opencode-A" else workload.other_project(f"ses_agent{i}")
+            system = conv.body["messages"][0]["content"]
+            conv.body["messages"][0]["content"] = re.sub(r"/home/dev/proj[AB]", project, system)
+            agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", conv.headers(), conv.body, seed=i))
+        elif kind == "claude-code":
+            headers, body = _capture(DATA / "claude-code-2.1.332" / "A1.json")
+            headers["x-claude-code-session-id"] = f"agent-{i}"
+            body = json.loads(json.dumps(body).replace("/home/dev", project))
+            body["metadata"] = {"user_id": f"user_bench_account__session_agent-{i}"}
+            agents.append(Agent(f"{kind}-{i}", "/v1/messages", headers, body, seed=i))
+        else:
+            headers, body = _capture(DATA / "pi-0.73.1" / "A1.json")
+            body["messages"][-1] = {"role": "user", "content": f"agent {i}: fix the failing test in {project}"}
+            agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", headers, body, seed=i))
+    for agent in agents:
+        agent.body["stream"] = True
+        agent.body.pop("max_completion_tokens", None)
+        agent.body["max_tokens"] = REPLY_TOKENS
+        for key in ("thinking", "context_management", "output_config"):
+            agent.body.pop(key, None)
+    return agents
+
+
+@dataclass
+class Turn:
+    agent: str
+    started: float
+    ended: float
+    ttft: float
+    prompt: int  # the request's prompt tokens (reused + processed)
+    processed: int
+    status: int
+
+
+@dataclass
+class Point:
+    arm: str
+    k: int
+    n: int
+    turns: list[Turn] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    processed_total: float = 0.0  # the server's own counter over the point
+    ocpc: dict[str, int] = field(default_factory=dict)
+
+    def row(self, window: float) -> dict[str, Any]:
+        times = sorted(t.ended - t.started for t in self.turns)
+        ttfts = sorted(t.ttft for t in self.turns)
+        prompt = sum(t.prompt for t in self.turns)
+        return {"arm": self.arm, "k": self.k, "n": self.n, "turns": len(self.turns),
+                "turns_per_min": len(self.turns) * 60 / window,
+                "turn_mean_s": statistics.fmean(times) if times else None, "turn_p95_s": _pct(times, 0.95),
+                "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p95_s": _pct(ttfts, 0.95),
+                "cache_share": 1 - self.processed_total / prompt if prompt else None,
+                "prompt_tokens": prompt, "processed_tokens": self.processed_total,
+                "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
+                "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
+                "failures": self.failed[:5],
+                "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)}}
+
+
+_SHOWN = ("source:", "report_", "parked", "park_", "ram_", "waited", "restored", "warmed", "skipped", "failed",
+          "proxy:fail_open", "proxy:prepare:", "proxy:client")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+_NUMBERS = {"/v1/chat/completions": (rb'"cache_n":(\d+)', rb'"prompt_n":(\d+)'),
+            "/v1/messages": (rb'"cache_read_input_tokens":(\d+)', rb'"input_tokens":(\d+)')}
+
+
+def one_turn(http: httpx.Client, url: str, agent: Agent) -> Turn:
+    raw = json.dumps(agent.next_body()).encode()
+    started = time.monotonic()
+    ttft = 0.0
+    tail = b""
+    with http.stream("POST", url + agent.path, content=raw,
+                     headers={**agent.headers, "content-type": "application/json"}) as response:
+        for chunk in response.iter_raw():
+            if not ttft:
+                ttft = time.monotonic() - started
+            tail = (tail + chunk)[-8192:]
+        status = response.status_code
+    ended = time.monotonic()
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {tail[:200]!r}")
+    cached_re, processed_re = _NUMBERS[agent.path]
+    cached, processed = re.findall(cached_re, tail), re.findall(processed_re, tail)
+    if not cached or not processed:
+        raise RuntimeError(f"no reuse numbers in the answer: {tail[-300:]!r}")
+    c, p = int(cached[-1]), int(processed[-1])
+    return Turn(agent.name, started, ended, ttft, c + p, p, status)
+
+
+def drive(url: str, agents: list[Agent], *, window: float, point: Point) -> None:
+    """Every agent in its own thread until the window ends; turns ending later are not counted."""
+    end = time.monotonic() + window
+    guard = threading.Lock()
+
+    def loop(agent: Agent) -> None:
+        rng = random.Random(agent.seed)
+        time.sleep(rng.uniform(0, 2))  # agents do not start in lockstep
+        with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as http:
+            while time.monotonic() < end:
+                try:
+                    turn = one_turn(http, url, agent)
+                except Exception as exc:  # noqa: BLE001 (a bench records every failure)
+                    if time.monotonic() < end:
+                        with guard:
+                            point.failed.append(f"{agent.name}: {type(exc).__name__}: {exc}"[:300])
+                    return
+                if turn.ended <= end:
+                    with guard:
+                        point.turns.append(turn)
+                time.sleep(rng.uniform(3, 10))  # the tool runs; the agent holds no request
+
+    threads = [threading.Thread(target=loop, args=(a,), daemon=True) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()) + 120)  # a turn in flight: up to 2 min more
+
+
+# -- the servers ------------------------------------------------------------------------------------
+
+
+def prompt_tokens_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:prompt_tokens_total"))
+
+
+def start(binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...]) -> LlamaServer:
+    config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=home / "slots",
+                          ctx_size=CTX_PER_SLOT * n, parallel=n, extra_args=args)
+    (home / "slots").mkdir(parents=True, exist_ok=True)
+    server = LlamaServer(config=config, log_path=home / f"llama-server-{config.port}.log")
+    server.start()
+    return server
+
+
+def bytes_per_token(binary: Path, model: Path, home: Path, args: tuple[str, ...]) -> float:
+    """The KV bytes per token of one arm's server, from a slot save of a real first request."""
+    server = start(binary, model, home, n=1, args=args)
+    try:
+        body = {**workload.parent().body, "max_tokens": 1, "stream": False}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600).json()
+        tokens = answer["timings"]["prompt_n"]
+        httpx.post(f"{server.url}/slots/0?action=save", json={"filename": "measure.bin"}, timeout=120)
+        size = (home / "slots" / "measure.bin").stat().st_size
+        (home / "slots" / "measure.bin").unlink()
+        return size / tokens
+    finally:
+        server.stop()
+
+
+def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
+              window: float) -> Point:
+    point = Point(arm, k, n)
+    server = start(binary, model, home, n=n, args=args)
+    try:
+        if arm == "ocpc":
+            with Proxied(server.url, home, watch=True) as proxied:  # its slot folder is the server's
+                drive(proxied.url, make_agents(k), window=window, point=point)
+                counters = proxied.proxy.preparer.status()["counters"]
+                point.ocpc = {key: int(v) for key, v in counters.items()}
+                point.ocpc |= {f"proxy:{key}": v for key, v in proxied.proxy.counters.snapshot().items()}
+        else:
+            drive(server.url, make_agents(k), window=window, point=point)
+        point.processed_total = prompt_tokens_total(server.url)
+    finally:
+        server.stop()
+    return point
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+
+def render(rows: list[dict[str, Any]]) -> None:
+    print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
+          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6}")
+    for r in rows:
+        def f(key: str, fmt: str = "7.1f") -> str:
+            return format(r[key], fmt) if r[key] is not None else "-".rjust(int(fmt.split(".")[0]))
+        print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s')} {f('turn_p95_s')} "
+              f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
+              f"{r['park_restores']:>6} {r['failed']:>6}")
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for plain in (r for r in rows if r["arm"] == "plain"):
+        ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == plain["k"] and r["n"] == plain["n"]), None)
+        if ocpc and plain["turns"] and plain["turn_mean_s"] and ocpc["turn_mean_s"]:
+            out.append({"n": plain["n"], "k": plain["k"], "turns_x": ocpc["turns"] / plain["turns"],
+                        "turn_time_x": ocpc["turn_mean_s"] / plain["turn_mean_s"],
+                        "plain_cache": plain["cache_share"], "ocpc_cache": ocpc["cache_share"]})
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slots = sorted({r["n"] for r in rows})
+    fig, axes = plt.subplots(2, len(slots), figsize=(4.5 * len(slots), 7), squeeze=False)
+    for col, n in enumerate(slots):
+        for arm, style in (("plain", "o--"), ("ocpc", "s-")):
+            mine = sorted((r for r in rows if r["n"] == n and r["arm"] == arm), key=lambda r: r["k"])
+            ks = [r["k"] for r in mine]
+            axes[0][col].plot(ks, [r["turn_mean_s"] or 0 for r in mine], style, label=arm)
+            axes[1][col].plot(ks, [100 * (r["cache_share"] or 0) for r in mine], style, label=arm)
+        axes[0][col].set_title(f"-np {n}: mean turn time (s)")
+        axes[1][col].set_title(f"-np {n}: prompt tokens from cache (%)")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent agents K")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="CI: K=4 on N=2, 60 s per arm")
+    parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
+    parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
+    parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--png", type=Path)
+    args = parser.parse_args()
+    slots = [2] if args.smoke else [int(x) for x in args.slots.split(",")]
+    ks = [4] if args.smoke else [int(x) for x in args.agents.split(",")]
+    window = 60.0 if args.smoke else args.window
+    settings = Settings.from_env()
+    rig = ensure_rig(settings)
+    model = ensure_real_model(rig, settings, "gemma3")
+    needs = REAL_MODELS["gemma3"].server_args
+    own = tuple(arg for flag in family_flags(model_family(str(model))) for arg in flag.args())
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ocpc-agents-") as work:
+        base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
+        ram = {}
+        for arm, flags in base.items():
+            per_token = bytes_per_token(rig.server, model, Path(work) / f"measure-{arm}", flags)
+            ram[arm] = max(64, round(RAM_TOKENS * per_token / 2**20))
+            print(f"{arm}: {per_token:,.0f} KV bytes per token -> --cache-ram {ram[arm]} (~{RAM_TOKENS:,} tokens)")
+        turn = 0
+        for n in slots:
+            for k in ks:
+                arms = ("plain", "ocpc") if turn % 2 == 0 else ("ocpc", "plain")
+                turn += 1
+                for arm in arms:
+                    home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm == "plain" else "")
+                    flags = (*base[arm], "--cache-ram", str(ram[arm]))
+                    point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window)
+                    rows.append(point.row(window))
+                    render([rows[-1]])
+                    if point.failed:
+                        print("  failures:", *point.failed[:5], sep="\n    ")
+    print()
+    render(rows)
+    for r in ratios(rows):
+        print(f"N={r['n']} K={r['k']}: ocpc served {r['turns_x']:.2f}x plain's turns, mean turn time "
+              f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"window_s": window, "ram_mib": ram, "rows": rows, "ratios": ratios(rows)},
+                                        indent=2))
+    if args.png:
+        plot(rows, args.png)
+    failed = sum(r["failed"] for r in rows)
+    if failed:
+        print(f"{failed} requests failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

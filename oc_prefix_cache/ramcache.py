@@ -1,0 +1,110 @@
+"""What llama-server's own RAM prompt cache (``--cache-ram``) holds, as far as ocpc can tell.
+
+Why: with more conversations than slots, the server already parks in RAM. When a request
+lands in a slot that holds another prompt, the server stashes that prompt's state in its
+RAM cache and loads the cached prompt most like the new one (server-task.cpp,
+``server_prompt_cache::alloc``/``load``): a memory copy inside its own scheduling. A disk
+park restored by ocpc instead is a slot action the server runs between its batches
+(measured under load: 2.3-9.4 s for a 13-40 MB park, while another slot decoded), and it
+wipes the slot without the server stashing it, so the occupant must be parked to disk
+first. Below memory pressure ocpc must therefore stay out of the way (the first rule:
+never worse than plain llama-server), and act only for what the RAM cache no longer holds:
+after a restart, or once the server dropped it.
+
+The model: the server evicts its oldest entries first (``update``: ``pop_front`` while
+over the limit), so ocpc keeps the conversations the server stashed in the order it
+stashed them, with their tokens, and drops the oldest while their sum exceeds what the
+limit holds (the limit in bytes over this server's bytes per token, learned from its slot
+saves). A conversation the model says is in RAM is left to the server (``hit``, source
+"ram"); the report proves it (it reused its history) or not, and a miss takes the
+conversation out of the model: the model only ever decides who goes first, never what
+is trusted. Pure and thread-safe; one per server process (cleared on a restart).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+#: b11434's ``--cache-ram`` default, in MiB (``-1``: no limit, ``0``: off).
+DEFAULT_CACHE_RAM_MIB = 8192
+
+
+@dataclass(frozen=True)
+class RamLimit:
+    """The server's RAM cache limit, from its command line."""
+
+    mib: int | None  # None: no limit (-1); 0: off
+
+    @classmethod
+    def from_flag(cls, value: str | None) -> RamLimit:
+        """``--cache-ram``'s value as given (None: the flag absent, the server's default)."""
+        if value is None or value == "":
+            return cls(DEFAULT_CACHE_RAM_MIB)
+        try:
+            mib = int(value)
+        except ValueError:
+            return cls(0)  # unreadable: believe nothing is in RAM (ocpc acts as without a RAM cache)
+        return cls(None if mib < 0 else mib)
+
+    def tokens(self, bytes_per_token: float | None) -> int | None:
+        """How many tokens it holds (None: unlimited); 0 when off or the cost per token is unknown."""
+        if self.mib == 0 or bytes_per_token is None or bytes_per_token <= 0:
+            return 0
+        if self.mib is None:
+            return None
+        return int(self.mib * 2**20 / bytes_per_token)
+
+
+class RamModel:
+    """The conversations the server stashed in RAM, oldest first, for one server process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._epoch = -1
+        self._entries: OrderedDict[str, int] = OrderedDict()
+
+    def stashed(self, conversation: str, tokens: int, *, epoch: int, capacity: int | None) -> None:
+        """The server moved ``conversation`` (``tokens`` long) from a slot to its RAM cache."""
+        if not conversation or tokens <= 0 or capacity == 0:
+            return
+        with self._lock:
+            self._same_process(epoch)
+            self._entries.pop(conversation, None)
+            if capacity is not None and tokens > capacity:
+                return  # the server skips an entry over its whole limit
+            self._entries[conversation] = tokens
+            while capacity is not None and sum(self._entries.values()) > capacity:
+                self._entries.popitem(last=False)
+
+    def holds(self, conversation: str, *, epoch: int) -> int:
+        """The tokens of ``conversation`` the RAM cache should hold (0: none)."""
+        with self._lock:
+            self._same_process(epoch)
+            return self._entries.get(conversation, 0)
+
+    def loaded(self, conversation: str, *, epoch: int) -> None:
+        """It went back into a slot (the server loads it from RAM) or the server did not have it."""
+        with self._lock:
+            self._same_process(epoch)
+            self._entries.pop(conversation, None)
+
+    def over(self, capacity: int | None, *, live: int, epoch: int) -> bool:
+        """Whether the RAM cache cannot keep every displaced conversation plus ``live`` more
+        tokens (the slots' conversations, each displaced sooner or later): pressure, when
+        the conversations parked ahead on disk are the ones that come back served."""
+        if capacity is None or capacity == 0:  # unlimited; or off or unknown: the old rule (ahead.py)
+            return False
+        with self._lock:
+            self._same_process(epoch)
+            return sum(self._entries.values()) + live > capacity
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._entries)
+
+    def _same_process(self, epoch: int) -> None:
+        if epoch != self._epoch:  # a restart empties the server's RAM cache
+            self._entries.clear()
+            self._epoch = epoch
