@@ -158,6 +158,8 @@ class Point:
     failed: list[str] = field(default_factory=list)
     processed_total: float = 0.0  # the server's own counter over the point
     ocpc: dict[str, int] = field(default_factory=dict)
+    restart_errors: int = 0  # the server's own errors while a fault restarted it
+    fault: dict[str, Any] = field(default_factory=dict)
 
     def row(self, window: float) -> dict[str, Any]:
         times = sorted(t.ended - t.started for t in self.turns)
@@ -172,7 +174,8 @@ class Point:
                 "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
                 "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
                 "failures": self.failed[:5],
-                "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)}}
+                "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)},
+                "restart_errors": self.restart_errors, "fault": self.fault}
 
 
 _SHOWN = ("source:", "report_", "parked", "park_", "ram_", "waited", "restored", "warmed", "skipped", "failed",
@@ -212,7 +215,7 @@ def one_turn(http: httpx.Client, url: str, agent: Agent) -> Turn:
     return Turn(agent.name, started, ended, ttft, c + p, p, status)
 
 
-def drive(url: str, agents: list[Agent], *, window: float, point: Point) -> None:
+def drive(url: str, agents: list[Agent], *, window: float, point: Point, fault: Any = None) -> None:
     """Every agent in its own thread until the window ends; turns ending later are not counted."""
     end = time.monotonic() + window
     guard = threading.Lock()
@@ -225,6 +228,13 @@ def drive(url: str, agents: list[Agent], *, window: float, point: Point) -> None
                 try:
                     turn = one_turn(http, url, agent)
                 except Exception as exc:  # noqa: BLE001 (a bench records every failure)
+                    restarting = fault is not None and fault.thread.is_alive() or (
+                        fault is not None and time.monotonic() - fault.down[1] < 2)
+                    if restarting:  # the server's own error while it restarts: the agent retries
+                        with guard:
+                            point.restart_errors += 1
+                        time.sleep(1)
+                        continue
                     if time.monotonic() < end:
                         with guard:
                             point.failed.append(f"{agent.name}: {type(exc).__name__}: {exc}"[:300])
@@ -273,23 +283,70 @@ def bytes_per_token(binary: Path, model: Path, home: Path, args: tuple[str, ...]
         server.stop()
 
 
+class Fault:
+    """A server restart in the middle of the window: ``graceful`` (as `ocpc launch` stops it: the
+    live conversations parked first, then SIGTERM) or ``kill9`` (no warning). The server's own
+    errors while it is down are counted apart (``restart_errors``), never as failures."""
+
+    def __init__(self, kind: str, server: LlamaServer, preparer: Any | None, *, at: float) -> None:
+        self.kind, self.server, self.preparer, self.at = kind, server, preparer, at
+        self.processed_before = 0.0
+        self.down: tuple[float, float] = (0.0, 0.0)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        time.sleep(self.at)
+        self.processed_before = prompt_tokens_total(self.server.url)
+        began = time.monotonic()
+        if self.kind == "graceful":
+            if self.preparer is not None:
+                from oc_prefix_cache.deadline import Deadline
+
+                self.preparer.park_live(deadline=Deadline.after(10))
+            self.server.stop()
+        else:
+            proc = self.server._proc
+            if proc is not None and proc.proc is not None:
+                os.killpg(proc.proc.pid, 9)
+                proc.proc.wait(10)
+            self.server._proc = None
+        self.server.start()
+        self.down = (began, time.monotonic())
+
+
 def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
-              window: float) -> Point:
+              window: float, fault: str = "") -> Point:
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
     try:
         if arm == "ocpc":
             with Proxied(server.url, home, watch=True) as proxied:  # its slot folder is the server's
-                drive(proxied.url, make_agents(k), window=window, point=point)
+                broke = Fault(fault, server, proxied.proxy.preparer, at=window / 2) if fault else None
+                if broke:
+                    broke.thread.start()
+                drive(proxied.url, make_agents(k), window=window, point=point, fault=broke)
                 counters = proxied.proxy.preparer.status()["counters"]
                 point.ocpc = {key: int(v) for key, v in counters.items()}
                 point.ocpc |= {f"proxy:{key}": v for key, v in proxied.proxy.counters.snapshot().items()}
         else:
-            drive(server.url, make_agents(k), window=window, point=point)
-        point.processed_total = prompt_tokens_total(server.url)
+            broke = Fault(fault, server, None, at=window / 2) if fault else None
+            if broke:
+                broke.thread.start()
+            drive(server.url, make_agents(k), window=window, point=point, fault=broke)
+        point.processed_total = prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
+        if broke:
+            point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0],
+                           "turns_after": sum(1 for t in point.turns if t.started >= broke.down[1]),
+                           "processed_after": sum(t.processed for t in point.turns if t.started >= broke.down[1]),
+                           "cache_after": _share([t for t in point.turns if t.started >= broke.down[1]])}
     finally:
         server.stop()
     return point
+
+
+def _share(turns: list[Turn]) -> float | None:
+    prompt = sum(t.prompt for t in turns)
+    return 1 - sum(t.processed for t in turns) / prompt if prompt else None
 
 
 # -- output -----------------------------------------------------------------------------------------
@@ -347,6 +404,8 @@ def main() -> int:
     parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
     parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
     parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
+    parser.add_argument("--fault", choices=("graceful", "kill9"), default="",
+                        help="restart the server in the middle of each window")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -374,9 +433,15 @@ def main() -> int:
                 for arm in arms:
                     home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm == "plain" else "")
                     flags = (*base[arm], "--cache-ram", str(ram[arm]))
-                    point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window)
+                    point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
+                                      fault=args.fault)
                     rows.append(point.row(window))
                     render([rows[-1]])
+                    if point.fault:
+                        print(f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
+                              f"{point.restart_errors} requests refused while down; after it: "
+                              f"{point.fault['turns_after']} turns, {point.fault['processed_after']:,} tokens "
+                              f"processed, cache share {point.fault['cache_after'] or 0:.0%}")
                     if point.failed:
                         print("  failures:", *point.failed[:5], sep="\n    ")
     print()
