@@ -5,6 +5,7 @@ depends on under it (issue 17)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("agents_bench", ROOT / "bench" / "agents_bench.py")
 assert _spec and _spec.loader
 bench = importlib.util.module_from_spec(_spec)
+sys.modules["agents_bench"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
 
