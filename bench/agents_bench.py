@@ -12,10 +12,12 @@ conversation costs 10-30 s and a turn's new tokens about one.
 
 Arms, each on its own fresh llama-server per point, alternated point by point:
 - ``plain``: llama-server at its defaults (`-np N --metrics --no-repack`);
-- ``ocpc``: the server `ocpc launch` starts (`--swa-full`, checkpoints, `-ub 512`) with an
-  in-process `ocpc proxy` in front; every agent goes through the proxy (OpenCode's adapter
-  included). Its ocpc home is kept across the points of one N (heads are saved once per
-  configuration: that is the product).
+- ``ocpc``: the server `ocpc launch` starts (`--swa-full`, checkpoints, `-ub 512`) with both
+  of its front doors in-process on one Preparer, as `ocpc launch` runs them: the daemon, which
+  OpenCode's agents use as the plugin does (prepare, the request straight to the server, pinned
+  to the slot prepared, then the report), and the proxy, which the other agents go through.
+  ``--doors proxy`` sends OpenCode through the proxy too. Its ocpc home is kept across the points
+  of one N (heads are saved once per configuration: that is the product).
 Both arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a 27B's default
 8 GiB at ~100 KB per token), measured from a slot save of the first head, so the server's
 RAM cache runs out where it would for a real user.
@@ -39,6 +41,7 @@ import os
 import random
 import re
 import statistics
+from collections import Counter
 import sys
 import tempfile
 import threading
@@ -52,7 +55,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.proxy_bench import Proxied  # noqa: E402
+from oc_prefix_cache.daemon import Daemon  # noqa: E402
+from oc_prefix_cache.proxy import Proxy  # noqa: E402
+from oc_prefix_cache.proxy_server import ProxyServer  # noqa: E402
+from oc_prefix_cache.relay import learn  # noqa: E402
 from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
@@ -88,6 +94,7 @@ class Agent:
     body: dict[str, Any]
     seed: int
     turns: int = 0
+    via: str = "proxy"  # "plugin": prepared through the daemon, sent to the server itself (OpenCode)
 
     def next_body(self) -> dict[str, Any]:
         if self.turns:
@@ -108,8 +115,9 @@ class Agent:
         return copy.deepcopy(self.body)
 
 
-def make_agents(k: int) -> list[Agent]:
-    """K agents, cycling through the harnesses; each its own project and session."""
+def make_agents(k: int, *, plugin: bool = False) -> list[Agent]:
+    """K agents, cycling through the harnesses; each its own project and session. ``plugin``:
+    OpenCode's agents take the plugin's path (the daemon), the others the proxy."""
     agents = []
     for i in range(k):
         kind = ("opencode-A", "claude-code", "opencode-B", "pi")[i % 4]
@@ -118,7 +126,8 @@ def make_agents(k: int) -> list[Agent]:
             conv = workload.parent(f"ses_agent{i}") if kind == "opencode-A" else workload.other_project(f"ses_agent{i}")
             system = conv.body["messages"][0]["content"]
             conv.body["messages"][0]["content"] = re.sub(r"/home/dev/proj[AB]", project, system)
-            agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", conv.headers(), conv.body, seed=i))
+            agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", conv.headers(), conv.body, seed=i,
+                                via="plugin" if plugin else "proxy"))
         elif kind == "claude-code":
             headers, body = _capture(DATA / "claude-code-2.1.332" / "A1.json")
             headers["x-claude-code-session-id"] = f"agent-{i}"
@@ -192,30 +201,65 @@ _NUMBERS = {"/v1/chat/completions": (rb'"cache_n":(\d+)', rb'"prompt_n":(\d+)'),
             "/v1/messages": (rb'"cache_read_input_tokens":(\d+)', rb'"input_tokens":(\d+)')}
 
 
-def one_turn(http: httpx.Client, url: str, agent: Agent) -> Turn:
+@dataclass(frozen=True)
+class Doors:
+    """Where an arm's agents send their requests."""
+
+    proxy: str  # the proxy (plain arm: the server itself)
+    server: str
+    daemon: str = ""  # the plugin's daemon ("": none, every agent goes to ``proxy``)
+
+
+def one_turn(http: httpx.Client, doors: Doors, agent: Agent) -> Turn:
     raw = json.dumps(agent.next_body()).encode()
     started = time.monotonic()
-    ttft = 0.0
-    tail = b""
-    with http.stream("POST", url + agent.path, content=raw,
-                     headers={**agent.headers, "content-type": "application/json"}) as response:
-        for chunk in response.iter_raw():
-            if not ttft:
-                ttft = time.monotonic() - started
-            tail = (tail + chunk)[-8192:]
-        status = response.status_code
-    ended = time.monotonic()
-    if status != 200:
-        raise RuntimeError(f"HTTP {status}: {tail[:200]!r}")
+    if agent.via == "plugin" and doors.daemon:
+        return _plugin_turn(http, doors, agent, raw, started)
+    status, tail, ttft = _stream(http, doors.proxy + agent.path, raw, agent.headers, started)
     cached_re, processed_re = _NUMBERS[agent.path]
     cached, processed = re.findall(cached_re, tail), re.findall(processed_re, tail)
     if not cached or not processed:
         raise RuntimeError(f"no reuse numbers in the answer: {tail[-300:]!r}")
     c, p = int(cached[-1]), int(processed[-1])
-    return Turn(agent.name, started, ended, ttft, c + p, p, status)
+    return Turn(agent.name, started, time.monotonic(), ttft, c + p, p, status)
 
 
-def drive(url: str, agents: list[Agent], *, window: float, point: Point, fault: Any = None) -> None:
+def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, started: float) -> Turn:
+    """What ocpc-plugin.js does for one OpenCode request: prepare (the daemon answers when the
+    slot is ready), the request to the server pinned to the slot prepared, then the report."""
+    headers = {**agent.headers, "content-type": "application/json", "x-ocpc-budget-ms": "240000", "x-ocpc-pin": "1"}
+    answer = http.post(doors.daemon + "/v1/prepare", content=raw, headers=headers).json()
+    body = raw
+    if answer.get("pin") and isinstance(answer.get("slot"), int):
+        body = b'{"id_slot":%d,' % answer["slot"] + raw[1:]
+    status, tail, ttft = _stream(http, doors.server + agent.path, body, agent.headers, started)
+    learned = learn(tail)
+    if learned is None or learned.prompt_n is None:
+        raise RuntimeError(f"no timings in the answer: {tail[-300:]!r}")
+    if answer.get("fingerprint"):
+        http.post(doors.daemon + "/v1/report", json={
+            "fingerprint": answer["fingerprint"], "prepare_id": answer.get("prepare_id") or "",
+            "cache_n": learned.cache_n, "prompt_n": learned.prompt_n, "predicted_n": learned.predicted_n or 0})
+    prompt = learned.cache_n + learned.prompt_n
+    return Turn(agent.name, started, time.monotonic(), ttft, prompt, learned.prompt_n, status)
+
+
+def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
+            started: float) -> tuple[int, bytes, float]:
+    ttft = 0.0
+    tail = b""
+    with http.stream("POST", url, content=raw, headers={**headers, "content-type": "application/json"}) as response:
+        for chunk in response.iter_raw():
+            if not ttft:
+                ttft = time.monotonic() - started
+            tail = (tail + chunk)[-8192:]
+        status = response.status_code
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {tail[:200]!r}")
+    return status, tail, ttft
+
+
+def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fault: Any = None) -> None:
     """Every agent in its own thread until the window ends; turns ending later are not counted."""
     end = time.monotonic() + window
     guard = threading.Lock()
@@ -226,7 +270,7 @@ def drive(url: str, agents: list[Agent], *, window: float, point: Point, fault: 
         with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as http:
             while time.monotonic() < end:
                 try:
-                    turn = one_turn(http, url, agent)
+                    turn = one_turn(http, doors, agent)
                 except Exception as exc:  # noqa: BLE001 (a bench records every failure)
                     restarting = fault is not None and fault.thread.is_alive() or (
                         fault is not None and time.monotonic() - fault.down[1] < 2)
@@ -284,12 +328,14 @@ def bytes_per_token(binary: Path, model: Path, home: Path, args: tuple[str, ...]
 
 
 class Fault:
-    """A server restart in the middle of the window: ``graceful`` (as `ocpc launch` stops it: the
-    live conversations parked first, then SIGTERM) or ``kill9`` (no warning). The server's own
-    errors while it is down are counted apart (``restart_errors``), never as failures."""
+    """In the middle of the window: a server restart, ``graceful`` (as `ocpc launch` stops it:
+    the live conversations parked first, then SIGTERM) or ``kill9`` (no warning); or ``doors``:
+    ocpc's daemon and proxy gone and back (as after `kill -9` of ocpc) while llama-server runs
+    on (the plain arm has none: nothing happens there). The errors while something is down are
+    counted apart (``restart_errors``), never as failures."""
 
-    def __init__(self, kind: str, server: LlamaServer, preparer: Any | None, *, at: float) -> None:
-        self.kind, self.server, self.preparer, self.at = kind, server, preparer, at
+    def __init__(self, kind: str, server: LlamaServer, launched: Launched | None, *, at: float) -> None:
+        self.kind, self.server, self.launched, self.at = kind, server, launched, at
         self.processed_before = 0.0
         self.down: tuple[float, float] = (0.0, 0.0)
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -298,11 +344,16 @@ class Fault:
         time.sleep(self.at)
         self.processed_before = prompt_tokens_total(self.server.url)
         began = time.monotonic()
+        if self.kind == "doors":
+            if self.launched is not None:
+                self.launched.restart()
+            self.down = (began, time.monotonic())
+            return
         if self.kind == "graceful":
-            if self.preparer is not None:
+            if self.launched is not None:
                 from oc_prefix_cache.deadline import Deadline
 
-                self.preparer.park_live(deadline=Deadline.after(10))
+                self.launched.preparer.park_live(deadline=Deadline.after(10))
             self.server.stop()
         else:
             proc = self.server._proc
@@ -314,34 +365,94 @@ class Fault:
         self.down = (began, time.monotonic())
 
 
+class Launched:
+    """Both front doors of `ocpc launch` in-process on one Preparer: the daemon (OpenCode's
+    plugin path, with the between-requests watch) and the proxy beside it. ``restart``: both
+    stop and come back on the same ports with nothing in memory, as after `kill -9` of the ocpc
+    process while llama-server runs on."""
+
+    def __init__(self, upstream: str, home: Path) -> None:
+        self.upstream, self.home = upstream, home
+        self.settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home), "OC_PREFIX_CACHE_BASE_URL": upstream})
+        self.daemon_port, self.proxy_port = free_port(), free_port()
+        self.daemon: Daemon | None = None
+        self.proxy: ProxyServer | None = None
+        self.counters: Counter[str] = Counter()  # of the doors stopped by a restart
+
+    def __enter__(self) -> Launched:
+        self.daemon = Daemon(settings=self.settings, server_url=self.upstream, port=self.daemon_port)
+        self.daemon.start()
+        self.proxy = ProxyServer(Proxy(settings=self.settings, preparer=self.daemon.preparer), port=self.proxy_port)
+        self.proxy.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.counters.update(self.snapshot())
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.daemon is not None:
+            self.daemon.stop()
+
+    def restart(self) -> None:
+        self.__exit__()
+        self.__enter__()
+
+    @property
+    def preparer(self) -> Any:
+        assert self.daemon is not None
+        return self.daemon.preparer
+
+    @property
+    def doors(self) -> Doors:
+        return Doors(proxy=f"http://127.0.0.1:{self.proxy_port}", server=self.upstream,
+                     daemon=f"http://127.0.0.1:{self.daemon_port}")
+
+    def snapshot(self) -> Counter[str]:
+        if self.daemon is None or self.proxy is None:
+            return Counter()
+        out = Counter({key: int(v) for key, v in self.preparer.status()["counters"].items()})
+        out.update({f"proxy:{key}": v for key, v in self.proxy.proxy.counters.snapshot().items()})
+        return out
+
+
 def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
-              window: float, fault: str = "") -> Point:
+              window: float, fault: str = "", doors: str = "both") -> Point:
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
+    broke: Fault | None = None
     try:
         if arm == "ocpc":
-            with Proxied(server.url, home, watch=True) as proxied:  # its slot folder is the server's
-                broke = Fault(fault, server, proxied.proxy.preparer, at=window / 2) if fault else None
+            with Launched(server.url, home) as launched:  # its slot folder is the server's
+                broke = Fault(fault, server, launched, at=window / 2) if fault else None
                 if broke:
                     broke.thread.start()
-                drive(proxied.url, make_agents(k), window=window, point=point, fault=broke)
-                counters = proxied.proxy.preparer.status()["counters"]
-                point.ocpc = {key: int(v) for key, v in counters.items()}
-                point.ocpc |= {f"proxy:{key}": v for key, v in proxied.proxy.counters.snapshot().items()}
+                drive(launched.doors, make_agents(k, plugin=doors == "both"), window=window, point=point, fault=broke)
+                point.ocpc = dict(launched.counters + launched.snapshot())
         else:
             broke = Fault(fault, server, None, at=window / 2) if fault else None
             if broke:
                 broke.thread.start()
-            drive(server.url, make_agents(k), window=window, point=point, fault=broke)
+            drive(Doors(proxy=server.url, server=server.url), make_agents(k), window=window, point=point, fault=broke)
         point.processed_total = prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
         if broke:
-            point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0],
-                           "turns_after": sum(1 for t in point.turns if t.started >= broke.down[1]),
-                           "processed_after": sum(t.processed for t in point.turns if t.started >= broke.down[1]),
-                           "cache_after": _share([t for t in point.turns if t.started >= broke.down[1]])}
+            after = [t for t in point.turns if t.started >= broke.down[1]]
+            point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0], "turns_after": len(after),
+                           "processed_after": sum(t.processed for t in after), "cache_after": _share(after),
+                           "first_after": _first_turns(after)}
     finally:
         server.stop()
     return point
+
+
+def _first_turns(after: list[Turn]) -> dict[str, Any]:
+    """Each agent's first turn after the fault: what it re-processed (tokens, share of its prompt)."""
+    first: dict[str, Turn] = {}
+    for turn in sorted(after, key=lambda t: t.started):
+        first.setdefault(turn.agent, turn)
+    processed = sum(t.processed for t in first.values())
+    prompt = sum(t.prompt for t in first.values())
+    return {"agents": len(first), "processed": processed, "prompt": prompt,
+            "cache_share": 1 - processed / prompt if prompt else None}
 
 
 def _share(turns: list[Turn]) -> float | None:
@@ -383,8 +494,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     slots = sorted({r["n"] for r in rows})
     fig, axes = plt.subplots(2, len(slots), figsize=(4.5 * len(slots), 7), squeeze=False)
     for col, n in enumerate(slots):
-        for arm, style in (("plain", "o--"), ("ocpc", "s-")):
+        for arm, style in (("plain", "o--"), ("flags", "^:"), ("ocpc", "s-")):
             mine = sorted((r for r in rows if r["n"] == n and r["arm"] == arm), key=lambda r: r["k"])
+            if not mine:
+                continue
             ks = [r["k"] for r in mine]
             axes[0][col].plot(ks, [r["turn_mean_s"] or 0 for r in mine], style, label=arm)
             axes[1][col].plot(ks, [100 * (r["cache_share"] or 0) for r in mine], style, label=arm)
@@ -404,8 +517,12 @@ def main() -> int:
     parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
     parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
     parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
-    parser.add_argument("--fault", choices=("graceful", "kill9"), default="",
-                        help="restart the server in the middle of each window")
+    parser.add_argument("--fault", choices=("graceful", "kill9", "doors"), default="",
+                        help="in the middle of each window: restart the server, or ocpc's front doors")
+    parser.add_argument("--doors", choices=("both", "proxy"), default="both",
+                        help="ocpc arm: OpenCode through the daemon (the plugin's path) or the proxy")
+    parser.add_argument("--arms", default="plain,ocpc",
+                        help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -420,6 +537,9 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ocpc-agents-") as work:
         base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
+        base["flags"] = base["ocpc"]  # ocpc's server flags without ocpc: what the flags alone do
+        chosen = tuple(a for a in args.arms.split(",") if a in base) or ("plain", "ocpc")
+        base = {arm: base[arm] for arm in chosen}
         ram = {}
         for arm, flags in base.items():
             per_token = bytes_per_token(rig.server, model, Path(work) / f"measure-{arm}", flags)
@@ -428,13 +548,13 @@ def main() -> int:
         turn = 0
         for n in slots:
             for k in ks:
-                arms = ("plain", "ocpc") if turn % 2 == 0 else ("ocpc", "plain")
+                arms = chosen if turn % 2 == 0 else tuple(reversed(chosen))
                 turn += 1
                 for arm in arms:
-                    home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm == "plain" else "")
+                    home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm != "ocpc" else "")
                     flags = (*base[arm], "--cache-ram", str(ram[arm]))
                     point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
-                                      fault=args.fault)
+                                      fault=args.fault, doors=args.doors)
                     rows.append(point.row(window))
                     render([rows[-1]])
                     if point.fault:

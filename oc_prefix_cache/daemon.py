@@ -4,7 +4,10 @@ Endpoints (JSON):
 - ``POST /v1/prepare``: body = the exact provider request body; harness metadata in
   headers (User-Agent, x-session-id); the caller's own deadline in ``x-ocpc-budget-ms``
   (how long it will wait; default 240 s, the first plugin's bound). Answers a
-  ``PrepareResult`` (with a ``prepare_id``).
+  ``PrepareResult`` (with a ``prepare_id``). A plugin that sends ``x-ocpc-pin: 1`` pins its
+  request to the slot the answer names (``slot``, ``pin``): on ``-np N`` the daemon then takes a
+  slot as the proxy does (``broker.py``: the conversation's own, else a free one) and lends it
+  until the report, so neither front door sends a request onto the other's running one.
 - ``POST /v1/report``: ``{fingerprint, cache_n, prompt_n[, predicted_n, prepare_id]}`` from the real request.
 - ``POST /v1/park``: ``{timeout_s}``: park the live conversations now (before a stop).
 - ``GET /v1/status`` and ``GET /health``.
@@ -30,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .broker import Ask, chain_key, head_key
 from .deadline import Deadline
-from .errors import ConfigError, OcpcError
-from .head import MAX_BODY_BYTES
-from .prepare import Preparer
+from .errors import BadRequestBody, ConfigError, OcpcError
+from .harness.base import head_by_markers
+from .head import MAX_BODY_BYTES, Head
+from .prepare import Preparer, PrepareResult
 from .server_info import port_of, read_runtime
 from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
@@ -141,6 +146,52 @@ class Daemon:
         self.client.close()
         if self._thread:
             self._thread.join(timeout=5)
+
+    def prepare(self, raw: bytes, headers: dict[str, str], *, deadline: Deadline) -> dict[str, Any]:
+        """The prepare's answer. A pinning plugin on ``-np N`` gets a slot of the broker's choice,
+        held until its report (``report``) or until the watch takes it back; any other caller,
+        or a single-slot server, gets the configured slot as before."""
+        lower = {k.lower(): v for k, v in headers.items()}
+        broker = self.preparer.broker
+        if lower.get("x-ocpc-pin") != "1" or broker.n_slots() <= 1:
+            return self.preparer.prepare(raw, headers, deadline=deadline).to_json()
+        taken = broker.take(self._ask(raw, lower, broker.n_slots()), deadline=deadline)
+        if taken.hold is None:
+            broker.give_back(taken)
+            self.preparer.count("failed:slot_busy")
+            return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
+        try:
+            with taken.hold.inside():
+                result = self.preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline)
+        except BaseException:
+            broker.give_back(taken)  # prepare never raises; if it ever does, the slot is not left held
+            raise
+        if result.prepare_id and result.fingerprint:
+            broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
+        else:
+            broker.give_back(taken)  # no report will come (skipped, a title): nothing to keep it for
+        return result.to_json() | {"slot": taken.slot, "pin": True}
+
+    def _ask(self, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
+        """What the broker needs before the prepare: the conversation (``x-session-id``; none for
+        a request with no head, such as a title) and the head's cheap key."""
+        session = headers.get("x-session-id", "")
+        try:
+            data = json.loads(raw)
+            head = head_by_markers(data, self.settings.markers) if isinstance(data, dict) else None
+        except (ValueError, RecursionError, BadRequestBody):
+            data, head = None, None
+        conversation = "" if not isinstance(head, Head) else session or chain_key(data or {})
+        return Ask(conversation=conversation, head_key=head_key(head) if isinstance(head, Head) else "",
+                   n_slots=n_slots, default_slot=self.settings.slot)
+
+    def report(self, **fields: Any) -> dict[str, Any]:
+        """The plugin's report: learned from, and the slot lent to its request is free again."""
+        try:
+            return self.preparer.report(**fields)
+        finally:
+            if fields.get("prepare_id"):
+                self.preparer.broker.returned(fields["prepare_id"])
 
     def status(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": __version__, "server": {"url": self.server_url}}
@@ -269,8 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         headers = {k: v for k, v in self.headers.items()}
-        result = self.server.daemon.preparer.prepare(raw, headers, deadline=deadline)
-        body = json.dumps(result.to_json()).encode()
+        body = json.dumps(self.server.daemon.prepare(raw, headers, deadline=deadline)).encode()
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
 
     def _report(self, raw: bytes) -> None:
@@ -288,7 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad report: {exc}"})
             return
-        self._send(HTTPStatus.OK, self.server.daemon.preparer.report(
+        self._send(HTTPStatus.OK, self.server.daemon.report(
             fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n, prepare_id=prepare_id, predicted_n=predicted_n))
 
     def _park(self, raw: bytes) -> None:

@@ -30,7 +30,8 @@ from typing import Any
 import xxhash
 
 from . import __version__
-from .ahead import Candidate, Idle, IdleSlots, due
+from .ahead import AheadWriter, Idle, IdleSlots
+from .broker import SlotBroker
 from .conversation import Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
@@ -45,7 +46,7 @@ from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .ramcache import RamLimit, RamModel
-from .server_info import flag_value, gather_identity, process_start, server_command
+from .server_info import LoraMemo, flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient
 from .slotfile import read_header, slot_filename
@@ -59,9 +60,8 @@ ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
-GC_REQUEUE_S = 600.0
-DISPLACING_S = 300.0  # a park at displacement this recent: conversations outnumber slots, park ahead
-BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)  # a gc pass queued this long ago and not started was dropped
+GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
+BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)
 
 
 @dataclass
@@ -109,6 +109,21 @@ class _Loaded:
     stored: int | None = None  # tokens of it in a file, when not ``expected`` (a RAM hit: its park's, if any)
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What a prepare knows of its request before it looks at the slot (``Preparer._gather``)."""
+
+    server: ServerIdentity
+    identity: str  # the server's key (fingerprint.server_key): what its files are filed under
+    conversation: str
+    continuing: bool  # it carries earlier assistant turns
+    trail: Trail  # its messages, for the next turn's hit path
+    plan: HeadPlan  # its head, rendered and tokenized as the server does
+    park: Park | None  # its conversation's park, when it is going on
+    project: str | None  # its project head's key, when one can be cut
+    project_file: FileState
+
+
 @dataclass
 class Stats:
     counters: Counter[str] = field(default_factory=Counter)
@@ -150,8 +165,16 @@ class Preparer:
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
         self.ram = RamModel()  # what the server's own RAM prompt cache holds (ramcache.py)
-        self._ram_tokens: dict[tuple[int, int], int] = {}  # (epoch, slot) -> a RAM hit's expected tokens
-        self._displaced_at: float | None = None  # when a prepare last parked a conversation to displace it
+        self.lora = LoraMemo()  # the server's last LoRA answer, for a read that times out under load
+        self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
+                                 seconds_for=self.executor.costs.seconds_for,
+                                 observe=lambda slot, deadline: self._observe(slot, deadline=deadline),
+                                 park=self._park_with_identity, count=self._count,
+                                 ram_over=lambda live: self.ram.over(self._ram_capacity(), live=live,
+                                                                     epoch=self.tracker.epoch(self.server)))
+        # which slot each request takes on -np N: one broker for every front door on this Preparer
+        self.broker = SlotBroker(server=self.server, tracker=self.tracker,
+                                 props=lambda deadline: client.props(deadline=deadline))
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
@@ -243,9 +266,28 @@ class Preparer:
             self._observe(self.settings.slot)
         except OcpcError:
             pass  # down or restarting: the next look tells
-        self._park_ahead()
+        self._reclaim_leases()
+        if not self.stood_down():
+            self.ahead.run(threshold_s=self.settings.park_ahead_s, park_min=self.settings.park_min_tokens)
         if self.usage.due():
             self.flush_usage()
+
+    def _reclaim_leases(self) -> None:
+        """Slots lent to the plugin's requests whose report never came (an answer without timings,
+        a plugin that gave up) are taken back once the server shows them idle (``broker.py``)."""
+        if not self.broker.leases():
+            return
+        try:
+            slots = self.client.slots(deadline=Deadline.after(2.0))
+        except OcpcError:
+            return
+        idle = {s.get("id"): not s.get("is_processing") for s in slots if isinstance(s, dict)}
+        if self.broker.reclaim(lambda slot: idle.get(slot) is True):
+            self._count("lease_reclaimed")
+
+    def count(self, key: str) -> None:
+        """Count an event a front door saw (``status()["counters"]``)."""
+        self._count(key)
 
     def park_live(self, *, deadline: Deadline) -> list[dict[str, Any]]:
         """Park every conversation this server's slots hold (a graceful stop comes next).
@@ -275,8 +317,7 @@ class Preparer:
                         item["parked"] = False
                         item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
                     else:
-                        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
-                                                 deadline=share)
+                        server = self._identity(share)
                         identity = server_key(server, ocpc_version=__version__)
                         after = self._park_occupant(seen, slot, server=server, identity=identity, deadline=share)
                         item["parked"] = True
@@ -316,6 +357,8 @@ class Preparer:
     # -- the flow ----------------------------------------------------------------------
     def _prepare(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
                  head_of: HeadRule) -> PrepareResult:
+        """The full path: gather the request's facts (no lock), then, under the slot's lock,
+        look at the slot, decide (decision.py, pure) and act (executor.py, parking.py)."""
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
         hit = self._same_conversation(raw, session, slot, deadline)
@@ -324,6 +367,32 @@ class Preparer:
         down = self._standing_down(slot, deadline)
         if down is not None:
             return down
+        facts = self._gather(raw, headers, slot, deadline, session, head_of)
+        if isinstance(facts, PrepareResult):
+            return facts
+        plan = facts.plan
+        with self.tracker.slot_lock(self.server, slot, deadline=deadline):
+            seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
+            action, in_ram = self._decide(facts, seen)
+            self._follow_ram(action, slot, seen, plan, facts.conversation)
+            if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
+                return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
+                                     tools_in_head=plan.tools_in_head)
+            loaded, holding, parked = self._act(action, facts, slot, seen, deadline=deadline, ram_tokens=in_ram)
+        # the head is under whatever the slot now holds (a project head, a park): it is used too
+        self.usage.note(plan.fingerprint, slot=slot_key(self.server, slot))
+        if loaded.prefix.key and loaded.prefix.key != plan.fingerprint:
+            self.usage.note(loaded.prefix.key)
+        reason = f"{parked}; {loaded.done.reason}" if parked else loaded.done.reason
+        return self._answer(loaded.done.action, plan.fingerprint, loaded.expected, reason, slot=slot,
+                            epoch=seen.epoch, conversation=facts.conversation, file=loaded.file, split=plan.split,
+                            tools_in_head=plan.tools_in_head, stored=holding.stored, source=loaded.source)
+
+    def _gather(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
+                head_of: HeadRule) -> _Facts | PrepareResult:
+        """Everything about the request that needs no look at the slot: its head and plan (the
+        server renders and tokenizes), its conversation, park and project head. A request with
+        no head, or a server on which restores cannot serve, ends here with its answer."""
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -331,10 +400,9 @@ class Preparer:
         parsed = parse(text)
         body = from_parsed(parsed)
         head = head_of(body.data)
-        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
-                                 deadline=deadline)
         if isinstance(head, Skip):  # a title or summary: nothing to load, but what it displaces is parked
-            return self._side(head.reason, slot, server, deadline)
+            return self._side(head.reason, slot, deadline)
+        server = self._identity(deadline)
         conversation = session or _chain_id(parsed.digests)
         if not server.model_files:
             raise OcpcError(
@@ -356,44 +424,44 @@ class Preparer:
                                  system_text=system, longer=self._known_park(park))
         project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
             if plan.project else None
-        trail = Trail.of(parsed, session=session)
-        with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-            seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
-            request = RequestFacts(
-                skip=None, conversation=conversation,
-                continues_slot=seen.trail is not None and _continues(seen.trail, trail), continuing=continuing,
-                head=plan.fingerprint, head_file=self._file_state("head", plan.fingerprint),
-                park=self._file_state("conv", park.key) if park else FileState.MISSING,
-                project=project, project_file=self._project_state(index, project))
-            in_ram = self.ram.holds(conversation, epoch=seen.epoch) if continuing else 0
-            request = replace(request, in_ram=in_ram > 0)
-            action = decide(_slot_facts(seen, conversation, cache=server.cache,
-                                        park_min=self.settings.park_min_tokens), request)
-            self._follow_ram(action, slot, seen, plan, conversation)
-            if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
-                return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
-                                     tools_in_head=plan.tools_in_head)
-            parked = ""
-            if action.park_first:
-                self._displaced_at, parking = time.monotonic(), time.perf_counter()
-                seen = self._park_occupant(seen, slot, server=server, identity=identity, deadline=deadline)
-                parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
-                          f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
-            loaded = self._carry_out(action, plan, slot, seen, park=park, project=project, server=server,
-                                     deadline=deadline)
-            if action.save_project and project is not None:
-                loaded = self._save_project(plan, loaded, slot, seen, key=project, server=server, identity=identity,
-                                            deadline=deadline)
-            holding = self._holding_after(loaded, plan, slot, seen, conversation=conversation, deadline=deadline)
-            self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
-        # the head is under whatever the slot now holds (a project head, a park): it is used too
-        self.usage.note(plan.fingerprint, slot=slot_key(self.server, slot))
-        if loaded.prefix.key and loaded.prefix.key != plan.fingerprint:
-            self.usage.note(loaded.prefix.key)
-        reason = f"{parked}; {loaded.done.reason}" if parked else loaded.done.reason
-        return self._answer(loaded.done.action, plan.fingerprint, loaded.expected, reason, slot=slot,
-                            epoch=seen.epoch, conversation=conversation, file=loaded.file, split=plan.split,
-                            tools_in_head=plan.tools_in_head, stored=holding.stored, source=loaded.source)
+        return _Facts(server=server, identity=identity, conversation=conversation, continuing=continuing,
+                      trail=Trail.of(parsed, session=session), plan=plan, park=park, project=project,
+                      project_file=self._project_state(index, project))
+
+    def _decide(self, facts: _Facts, seen: Seen) -> tuple[Action, int]:
+        """The decision on what the slot holds now; and what the RAM model says the server's RAM
+        cache holds of this conversation (tokens, 0: none)."""
+        request = RequestFacts(
+            skip=None, conversation=facts.conversation,
+            continues_slot=seen.trail is not None and _continues(seen.trail, facts.trail),
+            continuing=facts.continuing, head=facts.plan.fingerprint,
+            head_file=self._file_state("head", facts.plan.fingerprint),
+            park=self._file_state("conv", facts.park.key) if facts.park else FileState.MISSING,
+            project=facts.project, project_file=facts.project_file)
+        in_ram = self.ram.holds(facts.conversation, epoch=seen.epoch) if facts.continuing else 0
+        slot = _slot_facts(seen, facts.conversation, cache=facts.server.cache, park_min=self.settings.park_min_tokens)
+        return decide(slot, replace(request, in_ram=in_ram > 0)), in_ram
+
+    def _act(self, action: Action, facts: _Facts, slot: int, seen: Seen, *, deadline: Deadline,
+             ram_tokens: int) -> tuple[_Loaded, Holding, str]:
+        """Carry the decision out under the slot's lock: park the occupant first if it says so,
+        load (or find) the prefix, save a project head; record what the slot holds now."""
+        parked = ""
+        if action.park_first:
+            self.ahead.displaced()
+            parking = time.perf_counter()
+            seen = self._park_occupant(seen, slot, server=facts.server, identity=facts.identity, deadline=deadline)
+            parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
+                      f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
+        loaded = self._carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
+                                 server=facts.server, deadline=deadline, ram_tokens=ram_tokens)
+        if action.save_project and facts.project is not None:
+            loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.project, server=facts.server,
+                                        identity=facts.identity, deadline=deadline)
+        holding = self._holding_after(loaded, facts.plan, slot, seen, conversation=facts.conversation,
+                                      deadline=deadline)
+        self.tracker.leave(self.server, slot, holding, trail=facts.trail, epoch=seen.epoch)
+        return loaded, holding, parked
 
     def _same_conversation(self, raw: bytes, session: str, slot: int,
                            deadline: Deadline) -> PrepareResult | None:
@@ -421,12 +489,13 @@ class Preparer:
                             tools_in_head=None, stored=holding.stored, source="slot")
 
     def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
-                   project: str | None, server: ServerIdentity, deadline: Deadline) -> _Loaded:
+                   project: str | None, server: ServerIdentity, deadline: Deadline, ram_tokens: int = 0) -> _Loaded:
         """Do what the decision says; a longer prefix that fails its gates falls back to the
-        head, a head that fails them is rebuilt."""
+        head, a head that fails them is rebuilt. ``ram_tokens``: what the RAM model says the
+        server's RAM cache holds of this conversation (a RAM hit expects that much reused)."""
         head = Prefix("head", plan.fingerprint, plan.tokens)
         if action.kind == "hit" and action.target == "ram":  # the server loads it: expect its whole history
-            tokens = self._ram_tokens.pop((seen.epoch, slot), 0)
+            tokens = ram_tokens
             stored = park.n_tokens if park else 0
             return _Loaded(Done("hit", action.reason, False), Prefix("conv", park.key if park else "", ()),
                            tokens, "", "ram", stored=stored)
@@ -553,7 +622,6 @@ class Preparer:
         this conversation out of RAM and into the slot."""
         epoch, holding = seen.epoch, seen.holding
         if action.target == "ram":
-            self._ram_tokens[(epoch, slot)] = self.ram.holds(conversation, epoch=epoch)
             self.ram.loaded(conversation, epoch=epoch)
             self._count("ram_swap")
         if action.kind != "hit" or action.target == "slot" or holding is None or holding.kind != "conv":
@@ -598,28 +666,32 @@ class Preparer:
         log.info("%s went on in slot %d while another slot held it: waited %.0f ms for its park", conversation,
                  slot, (time.perf_counter() - started) * 1000)
 
-    def _side(self, why: str, slot: int, server: ServerIdentity, deadline: Deadline) -> PrepareResult:
+    def _side(self, why: str, slot: int, deadline: Deadline) -> PrepareResult:
         """A request with no head (a title, a summary): nothing to load. What it displaces is
         parked first, and its report marks the slot as holding a side request (nothing to keep),
         so the conversation's next turn restores its park there instead of leaving the slot alone
         as one whose contents ocpc cannot vouch for."""
-        reason = why + ("" if server.cache.restores_serve else self._park_for_side(slot, server, deadline))
-        epoch = self.tracker.epoch(self.server)
-        with self._guard:
-            self._seq += 1
-            prepare_id = f"{self._seq:x}-side"
-            self._records[prepare_id] = _Record(slot=slot, epoch=epoch, action="side", fingerprint="", expected=0,
-                                                conversation="", file="", planned_split=False, stored=0)
+        reason = why + self._park_for_side(slot, deadline)
+        prepare_id = self._keep(_Record(slot=slot, epoch=self.tracker.epoch(self.server), action="side",
+                                        fingerprint="", expected=0, conversation="", file="", planned_split=False,
+                                        stored=0))
         return PrepareResult("skipped", reason=reason, prepare_id=prepare_id)
 
-    def _park_for_side(self, slot: int, server: ServerIdentity, deadline: Deadline) -> str:
+    def _park_for_side(self, slot: int, deadline: Deadline) -> str:
         """Before a request with no head (a title) runs over the slot's conversation, park it: it
-        would otherwise be lost to that request. Failing here fails nothing: the request goes on."""
+        would otherwise be lost to that request. Failing here fails nothing: the request goes on.
+        The server's identity is read only when there is a conversation to park (a title on a
+        slot without one costs one look at the slots)."""
         try:
             with self.tracker.slot_lock(self.server, slot, deadline=deadline):
                 seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
+                if seen.now.busy or seen.holding is None or seen.holding.kind != "conv":
+                    return ""
+                server = self._identity(deadline)
+                if server.cache.restores_serve:
+                    return ""
                 facts = _slot_facts(seen, "", cache=server.cache, park_min=self.settings.park_min_tokens)
-                if seen.now.busy or not (facts.known and facts.occupant_parkable):
+                if not (facts.known and facts.occupant_parkable):
                     return ""
                 parking = time.perf_counter()
                 after = self._park_occupant(seen, slot, server=server,
@@ -630,60 +702,11 @@ class Preparer:
         return (f"; parked the slot's conversation first ({after.holding.n_tokens if after.holding else 0} tokens "
                 f"in {(time.perf_counter() - parking) * 1000:.0f} ms)")
 
-    # -- parking ahead -------------------------------------------------------------------
-    def _park_ahead(self) -> None:
-        """Write the park of each idle slot whose park is due (ahead.py), one at a time."""
-        if self.stood_down():
-            return
-        candidates = []
-        for slot, idle in self.idle.items():
-            holding = self.tracker.holding(self.server, slot)
-            if holding is None or holding.kind != "conv" or holding.conversation != idle.conversation:
-                self.idle.clear(slot)  # the slot moved on: nothing of this conversation to park
-                continue
-            candidates.append(Candidate(slot, idle, unsaved=holding.n_tokens - holding.stored,
-                                        est_seconds=self.executor.costs.seconds_for(holding.n_tokens)))
-        threshold = self.settings.park_ahead_s
-        live = sum(c.unsaved for c in candidates)
-        displacing = self._displaced_at is not None and time.monotonic() - self._displaced_at < DISPLACING_S
-        if threshold is not None and candidates and (displacing or self.ram.over(
-                self._ram_capacity(), live=live, epoch=self.tracker.epoch(self.server))):
-            # more conversations than slots (a park at displacement a moment ago), or more than the
-            # RAM cache keeps: an idle conversation is likely displaced before it returns, and its
-            # park then costs the displacing request nothing
-            threshold = 0.0
-        for candidate in due(candidates, now=time.monotonic(), park_min=self.settings.park_min_tokens,
-                             threshold_s=threshold):
-            self._park_slot_ahead(candidate)
-
-    def _park_slot_ahead(self, candidate: Candidate) -> None:
-        """Park the idle slot's conversation now, unless a request came for the slot meanwhile
-        (the lock is tried briefly: a prepare or a proxied request holding it wins)."""
-        slot, started = candidate.slot, time.perf_counter()
-        work = Deadline.after(max(30.0, 4 * (candidate.est_seconds or 0.0)))
-        try:
-            with self.tracker.slot_lock(self.server, slot, deadline=Deadline.after(0.2)):
-                if self.idle.get(slot) != candidate.idle:
-                    return  # a prepare came for the slot: its request runs first
-                self.idle.clear(slot)
-                seen = self._observe(slot, deadline=work)
-                holding = seen.holding
-                if (seen.restarted or seen.epoch != candidate.idle.epoch or holding is None or holding.kind != "conv"
-                        or holding.conversation != candidate.idle.conversation or seen.trail is None):
-                    return
-                server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(),
-                                         deadline=work)
-                after = self.parker.park(seen, slot, server=server, identity=server_key(server, ocpc_version=__version__),
-                                         deadline=work)
-        except LockTimeout:
-            return  # busy: the next watch looks again if the slot is still idle then
-        except OcpcError as exc:
-            self._count("park_ahead_failed")
-            log.warning("could not park slot %d ahead (it is parked at displacement instead): %s", slot, exc)
-            return
-        self._count("parked_ahead")
-        log.info("parked slot %d ahead while it was idle: %d tokens in %.0f ms", slot,
-                 after.holding.n_tokens if after.holding else 0, (time.perf_counter() - started) * 1000)
+    def _park_with_identity(self, seen: Seen, slot: int, deadline: Deadline) -> Seen:
+        """Park the slot's conversation (the park ahead's way: the server's identity read first)."""
+        server = self._identity(deadline)
+        return self.parker.park(seen, slot, server=server, identity=server_key(server, ocpc_version=__version__),
+                                deadline=deadline)
 
     # -- standing down ---------------------------------------------------------------
     def _standing_down(self, slot: int, deadline: Deadline) -> PrepareResult | None:
@@ -758,6 +781,11 @@ class Preparer:
         process = self.tracker.process(self.server)
         return process is not None and process_start(process[0]) == process[1]
 
+    def _identity(self, deadline: Deadline) -> ServerIdentity:
+        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process)."""
+        return gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(), deadline=deadline,
+                               lora=self.lora, epoch=self.tracker.epoch(self.server))
+
     def _server_argv(self) -> list[str] | None:
         """The server's command line (for its KV-relevant flags) and its process (the restart
         witness), looked up once per server process."""
@@ -808,17 +836,21 @@ class Preparer:
     def _answer(self, action: str, fp: str, expected: int, reason: str, *, slot: int, epoch: int,
                 conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,
                 source: str) -> PrepareResult:
-        with self._guard:
-            self._seq += 1
-            prepare_id = f"{self._seq:x}-{xxhash.xxh32_hexdigest(f'{time.time_ns()}{slot}'.encode())}"
-            self._records[prepare_id] = _Record(slot=slot, epoch=epoch, action=action, fingerprint=fp,
-                                                expected=expected, conversation=conversation, file=file,
-                                                planned_split=split, stored=stored)
-            while len(self._records) > MAX_RECORDS:
-                self._records.popitem(last=False)
+        prepare_id = self._keep(_Record(slot=slot, epoch=epoch, action=action, fingerprint=fp, expected=expected,
+                                        conversation=conversation, file=file, planned_split=split, stored=stored))
         self._count(f"source:{source}")
         return PrepareResult(action, fp, expected, reason=reason, tools_in_head=tools_in_head,
                              prepare_id=prepare_id, source=source)
+
+    def _keep(self, record: _Record) -> str:
+        """Keep what a prepare did until its report (the newest ``MAX_RECORDS``); its id."""
+        with self._guard:
+            self._seq += 1
+            prepare_id = f"{self._seq:x}-{xxhash.xxh32_hexdigest(f'{time.time_ns()}{record.slot}'.encode())}"
+            self._records[prepare_id] = record
+            while len(self._records) > MAX_RECORDS:
+                self._records.popitem(last=False)
+        return prepare_id
 
     def _unrecorded_id(self) -> str:
         """The id of a prepare that recorded nothing (skipped, failed). Why: the plugin reports

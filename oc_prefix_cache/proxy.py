@@ -42,13 +42,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
 from . import __version__
-from .affinity import AffinityTable, Held, Want, choose
+from .broker import Ask, SlotBroker, Taken, chain_key, head_key
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
-from .errors import LockTimeout, OcpcError
+from .errors import OcpcError
 from .harness import Adapter, ClaudeCodeAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter, select
 from .head import MAX_BODY_BYTES, Head, Skip
 from .prepare import Preparer, PrepareResult
@@ -70,8 +68,7 @@ from .relay import (
     upstream_headers,
 )
 from .settings import ADAPTER_NAMES, LOOPBACK_HOSTS, Settings
-from .slot_client import SlotClient
-from .tracker import SlotHold, SlotTracker
+from .tracker import SlotTracker
 from .upstream import Answer, Upstream, UpstreamError, UpstreamStale
 
 log = logging.getLogger("ocpc.proxy")
@@ -101,7 +98,7 @@ class Plan:
     translate: bool = False  # an Anthropic request sent as a chat completion
     stream: bool = False
     slot: int | None = None
-    hold: SlotHold | None = None
+    taken: Taken | None = None  # the slot taken (held from the prepare to the answer's end)
     result: PrepareResult | None = None
     why_not: str = ""  # why there was no prepare ("" when there was one)
     adapter: str = ""
@@ -126,9 +123,6 @@ class _Request:
     n_slots: int
     slot: int | None  # the client's own id_slot
     head_key: str  # the head's cheap key ("" when not cut)
-
-
-_DIRECT = frozenset({"own", "client", "single"})  # rules that wait for one slot's lock, not in line
 
 
 @dataclass
@@ -156,7 +150,7 @@ class Proxy:
         self.tracker: SlotTracker = preparer.tracker
         self.bounds = bounds or Bounds()
         self.own_origins = own_origins  # the proxy's own URL(s): the server's web UI through the proxy
-        self.table = AffinityTable()
+        self.broker: SlotBroker = preparer.broker  # shared with the daemon's front door
         self.counters = _Counters()
         # Two pools: prepares may wait minutes for a held slot; the reports and releases that free
         # those slots must never queue behind them (one pool, all workers waiting: a deadlock until
@@ -164,15 +158,9 @@ class Proxy:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-prepare")
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
         self._client: Upstream | None = None
-        self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
-        self._slots_client = SlotClient(self.server)
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
         self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(), PiAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
-        # choosing and marking a slot busy happen at once (two new conversations never pick one
-        # slot); requests that found every slot busy wait here, in line, for a slot to free
-        self._freed = threading.Condition()
-        self._line: deque[object] = deque()
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()
 
@@ -216,11 +204,10 @@ class Proxy:
         """After the server stopped: the worker threads and the blocking client."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._releases.shutdown(wait=True)
-        self._slots_client.close()
 
     def status(self) -> dict[str, Any]:
         return {"version": __version__, "server": self.server, "counters": self.counters.snapshot(),
-                "slots": self.table.snapshot(), "recent": self._recent_list(), "prepare": self.preparer.status()}
+                "slots": self.broker.table.snapshot(), "recent": self._recent_list(), "prepare": self.preparer.status()}
 
     def _recent_list(self) -> list[dict[str, Any]]:
         with self._recent_guard:
@@ -285,14 +272,14 @@ class Proxy:
             return request
         deadline = Deadline.after(self.bounds.prepare_s)
         plan = self._take_slot(request, deadline=deadline, gone=gone)
-        if plan.hold is None:
+        if plan.taken is None or plan.taken.hold is None:
             return plan
         try:
             if gone.is_set():
                 self.counters.add("client_gone_before_prepare")
                 plan.why_not = "the client went away while its request waited for a slot"
                 return plan
-            with plan.hold.inside():
+            with plan.taken.hold.inside():
                 plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
                                                     session=request.session, head_of=request.adapter.head)
         except BaseException:
@@ -302,7 +289,7 @@ class Proxy:
         if plan.result.action == "failed":
             self.counters.add("fail_open:prepare_failed")
         if plan.result.fingerprint:
-            self.table.learn_head(request.head_key, plan.result.fingerprint)
+            self.broker.table.learn_head(request.head_key, plan.result.fingerprint)
         if request.changes:
             self.counters.add("normalised:" + request.adapter.name)
         return plan
@@ -330,7 +317,7 @@ class Proxy:
         except (TranslationError, ValueError) as exc:
             self.counters.add("not_prepared:untranslatable")
             return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
-        n_slots = self._n_slots()
+        n_slots = self.broker.n_slots()
         asked = body.get("id_slot", -1) if api == "openai" else -1
         client_slot = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < n_slots
         if not client_slot and asked != -1:  # -1 (llama.cpp's "any slot") or none: ours to choose
@@ -349,41 +336,21 @@ class Proxy:
         side = isinstance(head, Skip)  # a title or summary: no conversation to keep a slot for
         return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw,
                         changes=bool(changes), stream=stream, session=session, n_slots=n_slots,
-                        conversation="" if side else (session or _chain_key(chat)),
+                        conversation="" if side else (session or chain_key(chat)),
                         slot=asked if client_slot else None,
-                        head_key=_head_key(head) if isinstance(head, Head) else "")
+                        head_key=head_key(head) if isinstance(head, Head) else "")
 
     def _take_slot(self, request: _Request, *, deadline: Deadline, gone: threading.Event) -> Plan:
-        """Choose the slot and hold it. With every slot busy, wait in arrival order for any slot
-        to free (never on one slot's lock while another frees); a conversation's own slot, or the
-        client's choice, is waited for directly (``hold``). Then the upstream body, pinned to it."""
-        with self._freed:
-            ticket, in_line = object(), False
-            try:
-                while True:
-                    slot, rule = self._choose(request)
-                    first = not self._line or (in_line and self._line[0] is ticket)
-                    if rule in _DIRECT or (rule != "busy-lru" and first):
-                        break
-                    if deadline.remaining() <= 0 or gone.is_set():
-                        break  # the LRU slot, whose hold times out at once: forwarded unprepared
-                    if not in_line:
-                        self._line.append(ticket)
-                        in_line = True
-                    self._freed.wait(timeout=min(0.5, deadline.remaining()))
-            finally:
-                if in_line:
-                    self._line.remove(ticket)
-                    self._freed.notify_all()  # the next in line looks again
-            self.table.begin(slot, request.conversation)
-        plan = self._upstream_plan(request, slot)
-        plan.rule = rule
-        try:
-            plan.hold = self.tracker.hold(self.server, slot, deadline=deadline)
-        except (LockTimeout, OcpcError) as exc:
+        """The slot (``broker.py``: chosen, waited for in line, held), then the upstream body
+        pinned to it."""
+        taken = self.broker.take(Ask(conversation=request.conversation, head_key=request.head_key,
+                                     n_slots=request.n_slots, client_slot=request.slot,
+                                     default_slot=self.settings.slot), deadline=deadline, gone=gone)
+        plan = self._upstream_plan(request, taken.slot)
+        plan.rule, plan.taken = taken.rule, taken
+        if taken.why_not:
             self.counters.add("fail_open:slot_busy")
-            log.warning("slot %d stayed busy past the prepare's deadline; forwarding unprepared: %s", slot, exc)
-            plan.why_not = str(exc)
+            plan.why_not = taken.why_not
         return plan
 
     def _upstream_plan(self, request: _Request, slot: int) -> Plan:
@@ -400,45 +367,6 @@ class Proxy:
             plan = Plan(path=request.path, body=forwarded, stream=request.stream, slot=slot)
         plan.adapter = request.adapter.name
         return plan
-
-    def _choose(self, request: _Request) -> tuple[int, str]:
-        """(slot, the rule that chose it), under ``_freed``."""
-        if request.slot is not None:
-            return request.slot, "client"  # the client chose: prepare that slot
-        if request.n_slots <= 1:
-            return self.settings.slot, "single"
-        views = self.table.views(request.n_slots, self._held(request.n_slots))
-        conversation = request.conversation
-        if conversation and any(v.conversation == conversation for v in views):
-            choice = choose(views, Want(conversation=conversation))
-        else:
-            choice = choose(views, Want(conversation=conversation, head=self.table.head_of(request.head_key)))
-            log.debug("slot %d for new conversation %s (%s)", choice.slot, conversation or "(none)", choice.rule)
-        return choice.slot, choice.rule
-
-    def _held(self, n_slots: int) -> dict[int, Held]:
-        """What the shared tracker says each slot holds (the daemon's actions and conversations included)."""
-        out: dict[int, Held] = {}
-        for slot in range(n_slots):
-            holding = self.tracker.holding(self.server, slot)
-            if holding is not None:
-                out[slot] = Held(head=holding.head, exact=holding.exact and not holding.conversation,
-                                 conversation=holding.conversation)
-        return out
-
-    def _n_slots(self) -> int:
-        """The server's slot count (``/props`` ``total_slots``), re-read every ``slots_ttl_s``."""
-        read_at, n = self._slots
-        if time.monotonic() - read_at < self.bounds.slots_ttl_s:
-            return n
-        try:
-            props = self._slots_client.props(deadline=Deadline.after(2.0))
-            total = props.get("total_slots")
-            n = total if isinstance(total, int) and total > 0 else 1
-        except OcpcError as exc:
-            log.info("cannot read the server's slot count (%s); assuming %d", exc, n)
-        self._slots = (time.monotonic(), n)
-        return n
 
     def _finish(self, plan: Plan, learned: Learned | None) -> None:
         """In a worker thread, after the answer: report what it reused, then free the slot."""
@@ -461,12 +389,8 @@ class Proxy:
             log.exception("reporting a request's reuse failed")
             self.counters.add("fail_open:report")
         finally:
-            if plan.hold is not None:
-                plan.hold.release()
-            if plan.slot is not None:
-                with self._freed:
-                    self.table.end(plan.slot, now=time.monotonic())
-                    self._freed.notify_all()
+            if plan.taken is not None:
+                self.broker.give_back(plan.taken)
 
     # -- forwarding ----------------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str],
@@ -628,14 +552,3 @@ def _with_slot(raw: bytes, slot: int | None) -> bytes:
     rest = raw[start + 1:].lstrip()
     sep = b"" if rest.startswith(b"}") else b","
     return raw[:start + 1] + b'"id_slot":' + str(slot).encode() + sep + raw[start + 1:]
-
-
-def _chain_key(chat: dict[str, Any]) -> str:
-    """A conversation without a session id: named by its first two messages (system, first prompt)."""
-    messages = chat.get("messages")
-    first = messages[:2] if isinstance(messages, list) else []
-    return "chain-" + xxhash.xxh64_hexdigest(dump(first))
-
-
-def _head_key(head: Head) -> str:
-    return xxhash.xxh64_hexdigest(f"{head.model}\0{head.tools_json}\0{head.system_head}".encode())

@@ -9,8 +9,10 @@ server ``status`` and ``doctor`` talk about (``resolve_server``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -22,7 +24,7 @@ import httpx
 import xxhash
 
 from .deadline import Deadline
-from .errors import OcpcError
+from .errors import OcpcError, ServerTimeout
 from .fingerprint import (
     KV_FLAGS,
     ServerIdentity,
@@ -39,15 +41,57 @@ from .process import pid_alive
 from .settings import Settings
 from .slot_client import SlotClient
 
+log = logging.getLogger("ocpc.server")
+
 DEFAULT_PORT = 8080  # llama-server's --port when not given
 
 
 def gather_identity(client: SlotClient, *, binary: Path | None, argv: list[str] | None = None,
-                    deadline: Deadline | None = None) -> ServerIdentity:
-    """/props, plus the active LoRA adapters: two quick calls, once per new session."""
+                    deadline: Deadline | None = None, lora: LoraMemo | None = None,
+                    epoch: int = 0) -> ServerIdentity:
+    """/props, plus the active LoRA adapters. A server started without ``--lora`` flags has no
+    adapter to activate (``POST /lora-adapters`` only rescales loaded ones), so it is not asked:
+    ``GET /lora-adapters`` is a task on the server's queue, answered between batches, and under
+    load it took over 5 s (3 of ~28 prepares failed open on it in issue 17's first ramp). With
+    adapters loaded, ``lora`` keeps the last answer of server process ``epoch`` for a read that
+    times out."""
     props = client.props(deadline=deadline)
     identity = identity_from_props(props, binary=binary, argv=argv)
-    return replace(identity, lora=adapter_settings(client.lora_adapters(deadline=deadline)))
+    if argv is not None and not any(arg.split("=", 1)[0] in LORA_FLAGS for arg in argv):
+        return identity
+    adapters = lora.read(client, epoch=epoch, deadline=deadline) if lora is not None else \
+        adapter_settings(client.lora_adapters(deadline=deadline))
+    return replace(identity, lora=adapters)
+
+
+LORA_FLAGS = frozenset({"--lora", "--lora-scaled"})
+
+
+class LoraMemo:
+    """The last ``GET /lora-adapters`` answer of one server process (see ``gather_identity``).
+    A read that times out falls back to it (adapters change only by a ``POST /lora-adapters``,
+    which a busy server answers after the batch too); any other error propagates."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._last: tuple[int, tuple[str, ...]] | None = None  # (epoch, adapters)
+        self.fallbacks = 0
+
+    def read(self, client: SlotClient, *, epoch: int, deadline: Deadline | None) -> tuple[str, ...]:
+        with self._guard:
+            last = self._last if self._last is not None and self._last[0] == epoch else None
+        try:
+            adapters = adapter_settings(client.lora_adapters(deadline=deadline))
+        except ServerTimeout:
+            if last is None:
+                raise
+            with self._guard:
+                self.fallbacks += 1
+            log.info("/lora-adapters did not answer in time (the server is busy); using its last answer")
+            return last[1]
+        with self._guard:
+            self._last = (epoch, adapters)
+        return adapters
 
 
 def kv_types(argv: list[str] | None) -> str:

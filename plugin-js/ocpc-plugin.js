@@ -17,7 +17,7 @@ import { readFileSync, promises as fsp } from "node:fs";
 
 // Not exported (OpenCode would take it for a plugin function); `ocpc --version` and doctor
 // read it from this file's text, and the init log line carries it.
-const OCPC_PLUGIN_VERSION = "0.2.0";
+const OCPC_PLUGIN_VERSION = "0.3.0";
 
 // Shared across module copies (a global and a project plugin folder may both load this
 // file), so a provider's fetch is never wrapped twice.
@@ -59,6 +59,10 @@ function envDefaults() {
     prepareTimeoutMs: 240000,
     reportTimeoutMs: 2000,
     hungBackoffMs: 30000,
+    // On a server with several slots (-np N), send the request to the slot the daemon prepared
+    // (an "id_slot" field added to the body; the prompt is unchanged). false: OpenCode's bytes
+    // go out untouched and the server picks the slot.
+    pinSlot: true,
     logFile: env.OCPC_PLUGIN_LOG || null,
   };
 }
@@ -115,6 +119,7 @@ function cleanSettings(defaults, given) {
     prepareTimeoutMs: millis("prepareTimeoutMs"),
     reportTimeoutMs: millis("reportTimeoutMs"),
     hungBackoffMs: millis("hungBackoffMs"),
+    pinSlot: typeof given.pinSlot === "boolean" ? given.pinSlot : defaults.pinSlot,
     logFile,
   };
 }
@@ -214,16 +219,18 @@ function makeWrapper(previousFetch, settings, log) {
       prepared = await prepareQuietly(call, init, settings, log, breaker);
     }
 
-    // The very same url and init objects: the body bytes OpenCode built go out untouched.
+    // The very same url and init objects: the body bytes OpenCode built go out untouched,
+    // except, on a server with several slots, the slot the daemon prepared (pinSlot).
+    const sent = pinned(init, prepared, settings);
     const started = Date.now();
     let response;
     try {
-      response = await previousFetch(url, init);
+      response = await previousFetch(url, sent);
     } catch (err) {
       log({ ev: "forward", ms: Date.now() - started, error: describeError(err) });
       throw err; // OpenCode's own error (abort, connection refused...): not ours to hide
     }
-    log({ ev: "forward", ms: Date.now() - started, status: response.status });
+    log({ ev: "forward", ms: Date.now() - started, status: response.status, ...(sent !== init ? { slot: prepared.slot } : {}) });
     try {
       return observeUsage(response, prepared, init, settings, log, reports);
     } catch (err) {
@@ -235,6 +242,19 @@ function makeWrapper(previousFetch, settings, log) {
   };
   wrapper[WRAPPED] = true;
   return wrapper;
+}
+
+// init with "id_slot" added as the body's first key when the daemon prepared a slot of a
+// server with several (its answer says pin); else the very same init. A body that names a
+// slot itself is left alone.
+function pinned(init, prepared, settings) {
+  if (!settings.pinSlot || !prepared?.pin || prepared.slot === null) return init;
+  const body = init.body;
+  const start = body.indexOf("{");
+  if (start < 0 || /"id_slot"\s*:/.test(body)) return init;
+  const rest = body.slice(start + 1).trimStart();
+  const sep = rest.startsWith("}") ? "" : ",";
+  return { ...init, body: `${body.slice(0, start + 1)}"id_slot":${prepared.slot}${sep}${body.slice(start + 1)}` };
 }
 
 // A chat completion with a string body -> {body, headers}; anything else -> null.
@@ -344,7 +364,11 @@ async function askDaemon(call, outerSignal, settings) {
   try {
     const request = globalThis.fetch(`${settings.daemonUrl}/v1/prepare`, {
       method: "POST",
-      headers: { "content-type": "application/json", ...call.headers, "x-ocpc-budget-ms": String(Math.floor(settings.prepareTimeoutMs)) },
+      headers: {
+        "content-type": "application/json", ...call.headers,
+        "x-ocpc-budget-ms": String(Math.floor(settings.prepareTimeoutMs)),
+        ...(settings.pinSlot ? { "x-ocpc-pin": "1" } : {}),
+      },
       body: call.body,
       signal: controller.signal,
       timeout: false, // Bun's own fetch timeout would cut a long warm-up short; ours bound it
@@ -385,6 +409,9 @@ function parseAnswer(text) {
     prefix_tokens: Number.isFinite(data.prefix_tokens) ? data.prefix_tokens : null,
     elapsed_ms: Number.isFinite(data.elapsed_ms) ? data.elapsed_ms : null,
     reason: typeof data.reason === "string" ? data.reason : "",
+    // Protocol v3: the slot prepared, and whether to send the request there (-np N).
+    slot: Number.isInteger(data.slot) && data.slot >= 0 ? data.slot : null,
+    pin: data.pin === true,
   };
 }
 

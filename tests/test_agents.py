@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .test_proxy import proxy_for  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,23 +22,57 @@ _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
 
 
-def test_three_agents_on_two_slots_are_served_from_what_ocpc_prepared(llama_server: Any, proxy_for: Any,  # noqa: F811
-                                                                      family_args: Any) -> None:
-    """Three agents (OpenCode, Claude Code, OpenCode in another project) share two slots through
-    the proxy for ~40 s: every request answers 200, every prepare whose report came back was
-    served by what it prepared (no false hit, no park restored into another conversation: a
-    park of the wrong conversation reuses nothing past the head), conversations displaced are
-    parked and come back from their parks, and nothing fails open."""
+def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
+        llama_server: Any, family_args: Any, tmp_path: Path) -> None:
+    """Three agents share two slots for a minute through both front doors of `ocpc launch` on one
+    Preparer: two OpenCode agents on the plugin's path (the daemon's prepare, the request sent
+    straight to the server pinned to the slot prepared, the report) and Claude Code through the
+    proxy. Every request answers 200; every prepare whose report came back was served by what it
+    prepared (no false hit, no park restored into another conversation: a park of the wrong
+    conversation reuses nothing past the head, a slot the other front door was running a request
+    on holds another prompt); conversations displaced are parked and come back from their parks;
+    nothing fails open; every slot and every lease is given back."""
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
-    proxy = proxy_for(server.url)
     point = bench.Point("ocpc", 3, 2)
-    bench.drive(proxy.url, bench.make_agents(3), window=40, point=point)
+    with bench.Launched(server.url, tmp_path / "ocpc") as launched:
+        agents = bench.make_agents(3, plugin=True)
+        assert [a.via for a in agents] == ["plugin", "proxy", "plugin"]
+        bench.drive(launched.doors, agents, window=60, point=point)
+        counters = launched.snapshot()
+        broker = launched.preparer.broker
+        busy = broker.table.snapshot()
+        leases = broker.leases()
     assert not point.failed, point.failed
-    assert len(point.turns) >= 6
-    counters = proxy.proxy.preparer.status()["counters"]
+    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"} and len(point.turns) >= 6
     assert counters.get("report_missed", 0) == 0, counters  # no false hit, no wrong park
+    assert counters.get("report_served", 0) >= len(point.turns) - 3, counters  # the plugin's reports too
     assert counters.get("source:park", 0) >= 1 and counters.get("parked", 0) + counters.get("parked_ahead", 0) >= 1
-    proxy_counts = proxy.counters()
-    assert not any(k.startswith("fail_open") for k in proxy_counts), proxy_counts
-    busy = proxy.status()["slots"]
-    assert all(s["busy"] == 0 for s in busy.values()), busy  # every slot given back
+    assert not any(v for k, v in counters.items() if k.startswith(("proxy:fail_open", "failed"))), counters
+    assert all(s["busy"] == 0 for s in busy.values()) and leases == 0, (busy, leases)
+    assert counters.get("lease_reclaimed", 0) == 0, counters  # every plugin report came back and freed its slot
+
+
+def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: Any, family_args: Any,
+                                                                   tmp_path: Path) -> None:
+    """Two ocpc processes (each its own tracker, as two `ocpc proxy` of one user: one home, the
+    cross-process slot locks) in front of one server with two slots, an agent each plus one
+    more. They cannot see each other's conversations, so what one displaces of the other's is
+    not parked (docs/design.md), but neither may trust a slot the other changed: no request
+    answered as reused re-processes its prefix, and no request fails."""
+    server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
+    points = [bench.Point("ocpc", 2, 2), bench.Point("ocpc", 1, 2)]
+    with bench.Launched(server.url, tmp_path / "ocpc") as first, bench.Launched(server.url, tmp_path / "ocpc") as second:
+        agents = bench.make_agents(3)
+        runs = [threading.Thread(target=bench.drive, args=(doors, group), kwargs={"window": 60, "point": point})
+                for doors, group, point in ((first.doors, agents[:2], points[0]), (second.doors, agents[2:], points[1]))]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join(300)
+        counters = [first.snapshot(), second.snapshot()]
+    for point in points:
+        assert not point.failed, point.failed
+    assert sum(len(p.turns) for p in points) >= 6
+    for mine in counters:
+        assert mine.get("report_missed", 0) == 0, mine  # a slot the other process changed is never a hit
+        assert not any(v for k, v in mine.items() if k.startswith(("proxy:fail_open", "failed"))), mine

@@ -248,3 +248,35 @@ def test_reading_the_status_from_a_web_page_is_refused() -> None:
         assert httpx.get(f"{runner.url}/health").status_code == 200
     finally:
         runner.stop()
+
+
+@pytest.mark.rig
+def test_a_pinning_plugin_on_two_slots_keeps_each_session_on_its_own_slot(llama_server) -> None:
+    """`-np 2`, the plugin path with pinning (``x-ocpc-pin: 1``): two sessions get two slots, each
+    request is sent to the slot its prepare named, and each session's next turn finds its own
+    conversation there (a hit), with no park written: nothing displaced anything. Before, the
+    daemon prepared slot 0 for every session and the second session parked the first's."""
+    server = llama_server("qwen35", ctx_size=32768, parallel=2)
+    runner = Daemon(settings=settings_for(server.url), port=0)
+    runner.start()
+    try:
+        def turn(name: str, session: str) -> dict:
+            answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(name), timeout=120, headers={
+                "User-Agent": UA, "x-session-id": session, "Content-Type": "application/json",
+                "x-ocpc-pin": "1"}).json()
+            assert answer["pin"] is True, answer
+            timings = chat(server.url, {**capture(name), "id_slot": answer["slot"]})
+            verdict = httpx.post(f"{runner.url}/v1/report", timeout=10, json={
+                "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
+                "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
+            return answer | {"verdict": verdict, "processed": timings.prompt_n}
+
+        a1, b1 = turn(PROJ_A, "ses_a"), turn(PROJ_B, "ses_b")
+        assert {a1["slot"], b1["slot"]} == {0, 1}
+        a2 = turn(PROJ_A_TURN2, "ses_a")
+        assert (a2["slot"], a2["action"], a2["verdict"]) == (a1["slot"], "hit", "served"), a2
+        counters = runner.preparer.status()["counters"]
+        assert counters.get("parked", 0) == 0 and counters.get("report_missed", 0) == 0, counters
+        assert runner.preparer.broker.leases() == 0  # every report gave its slot back
+    finally:
+        runner.stop()

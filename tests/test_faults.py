@@ -17,6 +17,7 @@ import httpx
 import pytest
 import respx
 
+from oc_prefix_cache.errors import ServerTimeout, ServerUnreachable
 from oc_prefix_cache.prepare import Preparer
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient, Timeouts
@@ -167,3 +168,43 @@ def test_the_fast_slots_call_survives_a_server_restart(llama_server) -> None:
     server.restart()
     assert client.slots()[0]["id"] == 0
     client.close()
+
+
+PROPS = {"model_path": "", "total_slots": 1, "chat_template": "t", "build_info": "b1",
+         "default_generation_settings": {"n_ctx": 4096}}
+
+
+def test_a_server_without_lora_flags_is_not_asked_for_its_adapters() -> None:
+    """`GET /lora-adapters` is a task on the server's queue: under load it took over 5 s and
+    prepares failed open on it (issue 17's first ramp). A server started without `--lora` has
+    no adapter to activate, so it is not asked; one with `--lora` is."""
+    from oc_prefix_cache.server_info import gather_identity
+
+    with respx.mock(base_url="http://127.0.0.1:9", assert_all_called=False) as mock:
+        mock.get("/props").respond(json=PROPS)
+        adapters = mock.get("/lora-adapters").respond(json=[{"id": 0, "path": "a.gguf", "scale": 1.0}])
+        with SlotClient("http://127.0.0.1:9", transport=httpx.HTTPTransport()) as client:
+            plain = gather_identity(client, binary=None, argv=["llama-server", "-m", "m.gguf", "-np", "2"])
+            assert plain.lora == () and not adapters.called
+            loaded = gather_identity(client, binary=None, argv=["llama-server", "--lora", "a.gguf"])
+            assert loaded.lora and adapters.call_count == 1
+            unknown = gather_identity(client, binary=None, argv=None)  # its command line unseen: ask
+            assert unknown.lora == loaded.lora and adapters.call_count == 2
+
+
+def test_a_lora_read_that_times_out_uses_the_last_answer_of_that_server_process() -> None:
+    from oc_prefix_cache.server_info import LoraMemo
+
+    memo = LoraMemo()
+    with respx.mock(base_url="http://127.0.0.1:9") as mock:
+        route = mock.get("/lora-adapters")
+        with SlotClient("http://127.0.0.1:9", timeouts=FAST, transport=httpx.HTTPTransport()) as client:
+            route.respond(json=[{"id": 0, "path": "a.gguf", "scale": 0.5}])
+            first = memo.read(client, epoch=1, deadline=None)
+            route.side_effect = httpx.ReadTimeout("busy")
+            assert memo.read(client, epoch=1, deadline=None) == first and memo.fallbacks == 1
+            with pytest.raises(ServerTimeout):  # a new server process: nothing known to fall back to
+                memo.read(client, epoch=2, deadline=None)
+            route.side_effect = httpx.ConnectError("refused")
+            with pytest.raises(ServerUnreachable):  # only a timeout falls back
+                memo.read(client, epoch=1, deadline=None)

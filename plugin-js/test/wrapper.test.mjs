@@ -674,3 +674,31 @@ test("the plugin's version is in its source, not exported, and in the init log l
   const lines = await waitForLog(logFile, (l) => l.ev === "init");
   assert.equal(lines.find((l) => l.ev === "init").version, version);
 });
+
+// -np N: the daemon took a slot for this conversation and says where the request must go.
+test("a pinned answer sends the request to the slot prepared; the prompt bytes are unchanged", async () => {
+  const { fetch } = await setup();
+  daemon.state.behaviour = daemonBehaviours.good({ ...GOOD_ANSWER, prepare_id: "p-1", slot: 2, pin: true });
+  const res = await fetch(chatUrl(), chatInit());
+  assert.equal(await res.text(), llama.state.sent);
+  assert.equal(daemon.state.prepares[0].headers["x-ocpc-pin"], "1", "the plugin tells the daemon it pins");
+  const got = llama.state.requests[0];
+  const sent = JSON.parse(got.raw.toString("utf8"));
+  assert.equal(sent.id_slot, 2);
+  delete sent.id_slot;
+  assert.deepEqual(sent, JSON.parse(MAIN_BODY), "nothing but the slot changed");
+  assert.equal(got.raw.toString("utf8"), MAIN_BODY.replace("{", '{"id_slot":2,'));
+  await waitFor(() => daemon.state.reports.length === 1);
+  assert.equal(daemon.state.reports[0].json.prepare_id, "p-1", "the report frees the slot lent to the request");
+});
+
+test("pinSlot false, or an answer that does not pin, forwards the very bytes", async () => {
+  for (const [overrides, answer] of [[{ pinSlot: false }, { slot: 1, pin: true }], [{}, { slot: 1, pin: false }], [{}, {}]]) {
+    const { fetch } = await setup(overrides);
+    llama.state.requests.length = 0;
+    daemon.state.behaviour = daemonBehaviours.good({ ...GOOD_ANSWER, ...answer });
+    await (await fetch(chatUrl(), chatInit())).text();
+    assertForwardedIdentical();
+    if (overrides.pinSlot === false) assert.equal(daemon.state.prepares.at(-1).headers["x-ocpc-pin"], undefined);
+  }
+});

@@ -1,0 +1,238 @@
+"""Taking a slot on ``-np N``, for every front door: which one, waiting for it, giving it back.
+
+One broker per server, owned by the ``Preparer``, so the plugin's daemon and the proxy that
+``ocpc launch`` runs beside it share one view of the slots: a slot taken by either is busy for
+both, and a request waiting in line wakes when either frees a slot. Before this was shared, the
+daemon prepared its one configured slot while a proxied conversation could be sent onto it
+mid-request (the proxy's table did not know the plugin's request ran there), and the server then
+overwrote the plugin's conversation unparked.
+
+A taken slot is held (``SlotTracker.hold``: nothing else of ours prepares, parks or parks ahead
+there) from its prepare to the end of the request's answer. The proxy sees that end itself; the
+daemon does not (the plugin sends the request to the server directly), so it *lends* the slot
+until the plugin's report for that prepare arrives, and a lease whose report never comes (an
+answer without timings, a plugin that gave up) is taken back once the server shows the slot idle
+(``reclaim``). A front door taking a slot for a conversation that still has a lease out (its
+previous request ended, the report was lost) takes the lease back first.
+
+Which slot: ``affinity.choose``'s rules. With every slot busy, a request waits *in line* for
+whichever slot frees first, not on one slot's lock while others free up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from .affinity import AffinityTable, Held, Want, choose
+from .deadline import Deadline
+from .errors import LockTimeout, OcpcError
+from .head import Head
+from .anthropic import dump_json
+from .tracker import SlotHold, SlotTracker
+
+log = logging.getLogger("ocpc.broker")
+
+DIRECT = frozenset({"own", "client", "single"})  # rules that wait for one slot's lock, not in line
+LEASE_GRACE_S = 5.0  # a lent slot is not reclaimed sooner: the plugin sends its request after the prepare
+IDLE_LOOKS_S = 10.0  # and only once the server showed it idle this long (a busy machine can deliver the
+# answer's last chunk, and the report after it, seconds after the server went idle)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a front door knows of a request before its prepare."""
+
+    conversation: str  # "" for a request with no head worth caching (a title): it keeps no slot
+    head_key: str = ""  # the head's cheap key ("" when not cut)
+    n_slots: int = 1
+    client_slot: int | None = None  # the client's own id_slot
+    default_slot: int = 0  # the slot of a single-slot server (settings.slot)
+
+
+@dataclass
+class Taken:
+    """A slot taken for one request; give it back exactly once (``SlotBroker.give_back``)."""
+
+    slot: int
+    rule: str
+    conversation: str
+    hold: SlotHold | None = None
+    why_not: str = ""  # why the slot's lock was not had (then the request goes on unprepared)
+    at: float = field(default_factory=time.monotonic)  # taken; once lent, when lent
+    idle_since: float | None = None  # a lease's slot first seen idle (``reclaim``)
+    returned: bool = False
+
+
+class SlotBroker:
+    """Per server: the affinity table, the line of requests waiting for a slot, the leases."""
+
+    def __init__(self, *, server: str, tracker: SlotTracker, props: Callable[[Deadline], dict[str, Any]],
+                 slots_ttl_s: float = 30.0) -> None:
+        self.server = server
+        self.tracker = tracker
+        self.table = AffinityTable()
+        self._props = props
+        self._slots_ttl_s = slots_ttl_s
+        self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
+        # choosing and marking a slot busy happen at once (two new conversations never pick one
+        # slot); requests that found every slot busy wait here, in line, for a slot to free
+        self._freed = threading.Condition()
+        self._line: deque[object] = deque()
+        self._leases: dict[str, Taken] = {}  # prepare_id -> a slot lent to the plugin's request
+
+    # -- the server's slot count -----------------------------------------------------------
+    def n_slots(self) -> int:
+        """``/props`` ``total_slots``, re-read every ``slots_ttl_s``."""
+        read_at, n = self._slots
+        if time.monotonic() - read_at < self._slots_ttl_s:
+            return n
+        try:
+            total = self._props(Deadline.after(2.0)).get("total_slots")
+            n = total if isinstance(total, int) and total > 0 else 1
+        except OcpcError as exc:
+            log.info("cannot read the server's slot count (%s); assuming %d", exc, n)
+        self._slots = (time.monotonic(), n)
+        return n
+
+    # -- taking and giving back ------------------------------------------------------------
+    def take(self, ask: Ask, *, deadline: Deadline, gone: threading.Event | None = None) -> Taken:
+        """Choose the slot and hold it. A conversation's own slot, or the client's choice, is
+        waited for directly (its lock); otherwise, with every slot busy, in arrival order for any
+        slot to free. Past the deadline (or once the client left) the LRU slot is taken without
+        its lock: ``why_not`` says so and the request goes on unprepared."""
+        if ask.conversation:
+            self._take_back_lease_of(ask.conversation)
+        with self._freed:
+            ticket, in_line = object(), False
+            try:
+                while True:
+                    slot, rule = self._choose(ask)
+                    first = not self._line or (in_line and self._line[0] is ticket)
+                    if rule in DIRECT or (rule != "busy-lru" and first):
+                        break
+                    if deadline.remaining() <= 0 or (gone is not None and gone.is_set()):
+                        break  # the LRU slot, whose hold times out at once
+                    if not in_line:
+                        self._line.append(ticket)
+                        in_line = True
+                    self._freed.wait(timeout=min(0.5, deadline.remaining()))
+            finally:
+                if in_line:
+                    self._line.remove(ticket)
+                    self._freed.notify_all()  # the next in line looks again
+            self.table.begin(slot, ask.conversation)
+        taken = Taken(slot=slot, rule=rule, conversation=ask.conversation)
+        try:
+            taken.hold = self.tracker.hold(self.server, slot, deadline=deadline)
+        except (LockTimeout, OcpcError) as exc:
+            log.warning("slot %d stayed busy past the prepare's deadline; going on unprepared: %s", slot, exc)
+            taken.why_not = str(exc)
+        return taken
+
+    def give_back(self, taken: Taken) -> None:
+        """The request's answer ended (or it never went): the slot is free again. Idempotent."""
+        with self._freed:
+            if taken.returned:
+                return
+            taken.returned = True
+            self._leases = {k: v for k, v in self._leases.items() if v is not taken}
+        try:
+            if taken.hold is not None:
+                taken.hold.release()
+        finally:
+            with self._freed:
+                self.table.end(taken.slot, now=time.monotonic())
+                self._freed.notify_all()
+
+    # -- leases (the daemon's path) --------------------------------------------------------
+    def lend(self, prepare_id: str, taken: Taken) -> None:
+        """Keep ``taken`` until the report of ``prepare_id`` (``returned``) or ``reclaim``. Its
+        grace counts from now, the prepare's answer: a minutes-long warm must not make the lease
+        look stale before the plugin has even sent its request."""
+        with self._freed:
+            taken.at = time.monotonic()
+            self._leases[prepare_id] = taken
+
+    def returned(self, prepare_id: str) -> bool:
+        """The plugin reported on ``prepare_id``: its answer ended, its slot is free."""
+        with self._freed:
+            taken = self._leases.pop(prepare_id, None)
+        if taken is None:
+            return False
+        self.give_back(taken)
+        return True
+
+    def reclaim(self, idle: Callable[[int], bool], *, now: float | None = None) -> int:
+        """Take back leases whose report is not coming: older than ``LEASE_GRACE_S`` and their slot
+        shown idle by the server on two looks ``IDLE_LOOKS_S`` apart (one idle look can fall between
+        the answer's end and its report). ``idle(slot)``: the server's own view. Returns how many."""
+        now = time.monotonic() if now is None else now
+        with self._freed:
+            old = [t for t in self._leases.values() if now - t.at >= LEASE_GRACE_S]
+        back = 0
+        for taken in old:
+            if not idle(taken.slot):
+                taken.idle_since = None
+            elif taken.idle_since is None:
+                taken.idle_since = now
+            elif now - taken.idle_since >= IDLE_LOOKS_S:
+                log.info("slot %d (%s): no report came for its request %.1f s after its prepare; taken back",
+                         taken.slot, taken.conversation or "no conversation", now - taken.at)
+                self.give_back(taken)
+                back += 1
+        return back
+
+    def leases(self) -> int:
+        with self._freed:
+            return len(self._leases)
+
+    def _take_back_lease_of(self, conversation: str) -> None:
+        with self._freed:
+            mine = [t for t in self._leases.values() if t.conversation == conversation]
+        for taken in mine:  # its previous request ended (a front door sends one turn at a time)
+            self.give_back(taken)
+
+    # -- choosing --------------------------------------------------------------------------
+    def _choose(self, ask: Ask) -> tuple[int, str]:
+        """(slot, the rule that chose it), under ``_freed``."""
+        if ask.client_slot is not None:
+            return ask.client_slot, "client"  # the client chose: prepare that slot
+        if ask.n_slots <= 1:
+            return ask.default_slot, "single"
+        views = self.table.views(ask.n_slots, self._held(ask.n_slots))
+        if ask.conversation and any(v.conversation == ask.conversation for v in views):
+            choice = choose(views, Want(conversation=ask.conversation))
+        else:
+            choice = choose(views, Want(conversation=ask.conversation, head=self.table.head_of(ask.head_key)))
+            log.debug("slot %d for new conversation %s (%s)", choice.slot, ask.conversation or "(none)", choice.rule)
+        return choice.slot, choice.rule
+
+    def _held(self, n_slots: int) -> dict[int, Held]:
+        """What the shared tracker says each slot holds (every front door's actions and conversations)."""
+        out: dict[int, Held] = {}
+        for slot in range(n_slots):
+            holding = self.tracker.holding(self.server, slot)
+            if holding is not None:
+                out[slot] = Held(head=holding.head, exact=holding.exact and not holding.conversation,
+                                 conversation=holding.conversation)
+        return out
+
+
+def chain_key(chat: dict[str, Any]) -> str:
+    """A conversation without a session id: named by its first two messages (system, first prompt)."""
+    messages = chat.get("messages")
+    first = messages[:2] if isinstance(messages, list) else []
+    return "chain-" + xxhash.xxh64_hexdigest(dump_json(first).encode())
+
+
+def head_key(head: Head) -> str:
+    """A head's cheap key (its text as the adapter cut it), before any prepare planned it."""
+    return xxhash.xxh64_hexdigest(f"{head.model}\0{head.tools_json}\0{head.system_head}".encode())

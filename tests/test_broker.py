@@ -1,0 +1,97 @@
+"""The slot broker (oc_prefix_cache/broker.py): one view of the slots for both front doors, the
+daemon's leases, and the line of requests waiting for a slot. No server: the tracker's locks
+are real, the slot count is given."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from oc_prefix_cache.broker import IDLE_LOOKS_S, LEASE_GRACE_S, Ask, SlotBroker
+from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.tracker import SlotTracker
+
+SERVER = "http://127.0.0.1:9"
+
+
+def broker(n: int = 2) -> SlotBroker:
+    return SlotBroker(server=SERVER, tracker=SlotTracker(), props=lambda deadline: {"total_slots": n})
+
+
+def test_a_slot_lent_to_the_plugins_request_is_busy_for_the_proxy() -> None:
+    """`ocpc launch -np 2`: the daemon took slot 0 for OpenCode's request and lent it until the
+    report; a proxied conversation arriving meanwhile takes slot 1, not the plugin's running one."""
+    b = broker()
+    plugin = b.take(Ask("ses_oc", n_slots=b.n_slots()), deadline=Deadline.after(1))
+    b.lend("p-1", plugin)
+    proxied = b.take(Ask("claude-1", n_slots=2), deadline=Deadline.after(1))
+    assert (plugin.slot, proxied.slot) == (0, 1)
+    assert proxied.hold is not None and proxied.rule == "no-conversation"
+    b.give_back(proxied)
+    assert b.returned("p-1") and not b.returned("p-1")  # the report frees it, once
+    assert b.table.snapshot()["0"]["busy"] == 0
+
+
+def test_a_lease_whose_report_never_comes_is_taken_back_once_the_server_shows_the_slot_idle() -> None:
+    b = broker()
+    taken = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
+    b.lend("p-1", taken)
+    now = time.monotonic()
+    assert b.reclaim(lambda slot: True, now=now) == 0  # too soon: the plugin has not sent it yet
+    assert b.reclaim(lambda slot: False, now=now + LEASE_GRACE_S) == 0  # the request still runs
+    assert b.reclaim(lambda slot: True, now=now + LEASE_GRACE_S) == 0  # idle once: its report may be on its way
+    assert b.reclaim(lambda slot: False, now=now + LEASE_GRACE_S + 0.5) == 0  # busy again: start over
+    assert b.reclaim(lambda slot: True, now=now + LEASE_GRACE_S + 1) == 0
+    assert b.reclaim(lambda slot: True, now=now + LEASE_GRACE_S + 1 + IDLE_LOOKS_S) == 1
+    assert b.leases() == 0
+    again = b.take(Ask("other", n_slots=2), deadline=Deadline.after(0.5))
+    assert again.hold is not None  # the slot's lock was given back with it
+
+
+def test_a_lease_after_a_long_prepare_is_not_reclaimed_before_the_request_is_sent() -> None:
+    """The grace counts from the prepare's answer, not from when the slot was taken: after a
+    20 s warm, the slot is idle until the plugin sends its request, and a reclaim then gave it
+    to another session, whose prepare overwrote the warmed head (found by the ramp test)."""
+    b = broker()
+    taken = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
+    taken.at -= 20.0  # the prepare (a warm) took 20 s
+    b.lend("p-1", taken)
+    assert b.reclaim(lambda slot: True) == 0 and b.reclaim(lambda slot: True, now=time.monotonic() + IDLE_LOOKS_S) == 0
+    assert b.leases() == 1
+
+
+def test_a_conversations_next_prepare_takes_back_its_own_unreported_lease() -> None:
+    """The plugin sends one turn at a time per session: a new prepare of the conversation means its
+    last request ended. Without this, the next turn waited on its own lease's lock."""
+    b = broker()
+    first = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
+    b.lend("p-1", first)
+    started = time.monotonic()
+    second = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(2))
+    assert time.monotonic() - started < 0.5
+    assert second.slot == first.slot and second.rule == "own" and second.hold is not None
+    assert b.leases() == 0
+
+
+def test_with_every_slot_lent_a_request_waits_in_line_for_the_first_report() -> None:
+    b = broker()
+    lent = [b.take(Ask(f"ses_{i}", n_slots=2), deadline=Deadline.after(1)) for i in range(2)]
+    for i, taken in enumerate(lent):
+        b.lend(f"p-{i}", taken)
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(b.take(Ask("new", n_slots=2), deadline=Deadline.after(5)).slot))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got  # both slots run a request: it waits
+    b.returned("p-1")
+    waiter.join(5)
+    assert got == [lent[1].slot]
+
+
+def test_a_single_slot_server_takes_the_configured_slot() -> None:
+    b = broker(1)
+    taken = b.take(Ask("x", n_slots=b.n_slots(), default_slot=0), deadline=Deadline.after(1))
+    assert (taken.slot, taken.rule) == (0, "single")
+    b.give_back(taken)
+    b.give_back(taken)  # idempotent
+    assert b.table.snapshot()["0"]["busy"] == 0
