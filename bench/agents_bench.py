@@ -2,13 +2,15 @@
 
 An *agentic ramp*: K agent loops, each its own conversation started from a captured harness
 first request (OpenCode in two projects, Claude Code, pi; a project of its own per agent),
-growing by a tool result per turn (~450 tokens of code here) with a short reply, then a tool
-gap (3-10 s, seeded per agent, the same in both arms) in which the agent holds no request.
-Each point runs ``--window`` seconds; turns in flight at its end are not counted.
+growing by a tool result per turn (``--tool-lines``: 4 lines, ~150 tokens of code, keeps the
+reference ramp's 1:19 proportion of tool result to code base on these ~2.6k-token first
+requests; 12 lines, ~450 tokens, is a heavier tool use) with a short reply, then a tool gap
+(3-10 s, seeded per agent, the same in both arms) in which the agent holds no request. Each
+point runs ``--window`` seconds; turns in flight at its end are not counted.
 
 Model: the real Gemma 3 270M (`--no-repack`): the tiny models crash b11434 as soon as two slots
 process at once (docs/performance.md). Prefill runs ~550 tokens/s here, so re-prefilling a
-conversation costs 10-30 s and a turn's new tokens about one.
+conversation costs 5-20 s and a turn's new tokens a fraction of one.
 
 Arms, each on its own fresh llama-server per point, alternated point by point:
 - ``plain``: llama-server at its defaults (`-np N --metrics --no-repack`);
@@ -72,6 +74,9 @@ RAM_TOKENS = 80_000  # what a 27B's default --cache-ram 8192 holds at ~100 KB pe
 CTX_PER_SLOT = 32_768  # Gemma 3 270M's trained context
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512")
 REPLY_TOKENS = 24
+#: Lines of code per tool result (~36 tokens a line): 4 keeps the reference ramp's proportion (a
+#: ~1.6k-token tool result on a ~30k-token code base, 1:19) on these ~2.6k-token first requests.
+TOOL_LINES = 4
 
 
 # -- the agents -------------------------------------------------------------------------------------
@@ -93,12 +98,13 @@ class Agent:
     headers: dict[str, str]
     body: dict[str, Any]
     seed: int
+    lines: int = TOOL_LINES  # of each tool result
     turns: int = 0
     via: str = "proxy"  # "plugin": prepared through the daemon, sent to the server itself (OpenCode)
 
     def next_body(self) -> dict[str, Any]:
         if self.turns:
-            n, result = self.turns, workload.tool_result(self.turns, lines=12)
+            n, result = self.turns, workload.tool_result(self.turns, lines=self.lines)
             call = f"call_{self.name}_{n}"
             if self.path == "/v1/messages":
                 tool = self.body["tools"][0]["name"]
@@ -115,7 +121,7 @@ class Agent:
         return copy.deepcopy(self.body)
 
 
-def make_agents(k: int, *, plugin: bool = False) -> list[Agent]:
+def make_agents(k: int, *, plugin: bool = False, lines: int = TOOL_LINES) -> list[Agent]:
     """K agents, cycling through the harnesses; each its own project and session. ``plugin``:
     OpenCode's agents take the plugin's path (the daemon), the others the proxy."""
     agents = []
@@ -139,6 +145,7 @@ def make_agents(k: int, *, plugin: bool = False) -> list[Agent]:
             body["messages"][-1] = {"role": "user", "content": f"agent {i}: fix the failing test in {project}"}
             agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", headers, body, seed=i))
     for agent in agents:
+        agent.lines = lines
         agent.body["stream"] = True
         agent.body.pop("max_completion_tokens", None)
         agent.body["max_tokens"] = REPLY_TOKENS
@@ -416,7 +423,7 @@ class Launched:
 
 
 def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
-              window: float, fault: str = "", doors: str = "both") -> Point:
+              window: float, fault: str = "", doors: str = "both", lines: int = TOOL_LINES) -> Point:
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
     broke: Fault | None = None
@@ -426,13 +433,15 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
                 broke = Fault(fault, server, launched, at=window / 2) if fault else None
                 if broke:
                     broke.thread.start()
-                drive(launched.doors, make_agents(k, plugin=doors == "both"), window=window, point=point, fault=broke)
+                drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines), window=window, point=point,
+                      fault=broke)
                 point.ocpc = dict(launched.counters + launched.snapshot())
         else:
             broke = Fault(fault, server, None, at=window / 2) if fault else None
             if broke:
                 broke.thread.start()
-            drive(Doors(proxy=server.url, server=server.url), make_agents(k), window=window, point=point, fault=broke)
+            drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines), window=window, point=point,
+                  fault=broke)
         point.processed_total = prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
         if broke:
             after = [t for t in point.turns if t.started >= broke.down[1]]
@@ -521,6 +530,8 @@ def main() -> int:
                         help="in the middle of each window: restart the server, or ocpc's front doors")
     parser.add_argument("--doors", choices=("both", "proxy"), default="both",
                         help="ocpc arm: OpenCode through the daemon (the plugin's path) or the proxy")
+    parser.add_argument("--tool-lines", type=int, default=TOOL_LINES,
+                        help="lines of code per tool result, ~36 tokens each (12: a heavier tool use)")
     parser.add_argument("--arms", default="plain,ocpc",
                         help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc)")
     parser.add_argument("--json", type=Path)
@@ -554,7 +565,7 @@ def main() -> int:
                     home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm != "ocpc" else "")
                     flags = (*base[arm], "--cache-ram", str(ram[arm]))
                     point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
-                                      fault=args.fault, doors=args.doors)
+                                      fault=args.fault, doors=args.doors, lines=args.tool_lines)
                     rows.append(point.row(window))
                     render([rows[-1]])
                     if point.fault:
@@ -571,7 +582,8 @@ def main() -> int:
               f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"window_s": window, "ram_mib": ram, "rows": rows, "ratios": ratios(rows)},
+        args.json.write_text(json.dumps({"window_s": window, "tool_lines": args.tool_lines, "ram_mib": ram,
+                                         "rows": rows, "ratios": ratios(rows)},
                                         indent=2))
     if args.png:
         plot(rows, args.png)

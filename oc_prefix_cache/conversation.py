@@ -25,6 +25,11 @@ from .errors import BadRequestBody
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
+#: The fields besides ``messages`` that llama-server feeds its chat template
+#: (``oaicompat_chat_params_parse``, b11434): a change in any of them changes the prompt.
+RENDERED_FIELDS = ("tools", "tool_choice", "json_schema", "grammar", "response_format", "parallel_tool_calls",
+                   "add_generation_prompt", "continue_final_message", "reasoning_format", "chat_template_kwargs",
+                   "reasoning_effort")
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,21 @@ class Trail:
     msg_end: int  # byte offset of the ']' that closes "messages"
     digests: tuple[str, ...]
     session: str
+    frame: str = ""  # digest of the fields that render besides the messages (``RENDERED_FIELDS``)
 
     @classmethod
     def of(cls, body: ParsedBody, *, session: str) -> Trail:
         raw = body.text.encode()
-        return cls(raw=raw, msg_end=len(body.text[: body.msg_end].encode()), digests=body.digests, session=session)
+        return cls(raw=raw, msg_end=len(body.text[: body.msg_end].encode()), digests=body.digests, session=session,
+                   frame=frame_of(body.data))
+
+
+def frame_of(data: dict[str, Any]) -> str:
+    """What renders besides the messages, as one digest: two bodies whose messages extend each
+    other render as an extension only when this is the same (changed tools, a thinking switch
+    in ``chat_template_kwargs``: the prompt changes before the first message)."""
+    rendered = [[key, data[key]] for key in RENDERED_FIELDS if key in data]
+    return xxhash.xxh64_hexdigest(json.dumps(rendered, ensure_ascii=False).encode())
 
 
 def parse(text: str) -> ParsedBody:
@@ -119,7 +134,7 @@ def follow(trail: Trail, raw: bytes) -> Trail | None:
         if close != len(middle) + 1:
             return None
         digests = trail.digests + added
-    return Trail(raw=raw, msg_end=end, digests=digests, session=trail.session)
+    return Trail(raw=raw, msg_end=end, digests=digests, session=trail.session, frame=trail.frame)
 
 
 def digest(text: str) -> str:

@@ -119,19 +119,21 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
 
 
 def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) -> Action:
+    """A new session: its project head when the slot holds it or a file does (a restore costs
+    milliseconds; the head alone would leave the project's text to process), else its head."""
     wants_project = request.project is not None and request.project_file is FileState.MISSING
     if slot.known and slot.exact and request.project is not None and slot.exact_key == request.project:
         return Action("hit", "the slot holds exactly this project's head", target="proj")
+    if request.project is not None and request.project_file is not FileState.MISSING:
+        proven = request.project_file is FileState.PROVEN
+        return Action("restore", "a new session: restore its project head" + (" (proven here)" if proven else ""),
+                      prove=not proven, park_first=park_first, target="proj")
     if slot.known and slot.holds_head == request.head:
         if slot.exact and slot.exact_key in (None, request.head):
             return Action("hit", "the slot holds exactly this head", save_project=wants_project)
         if not slot.partial_cache:
             return Action("hit", "the slot holds this head plus a turn; the transformer reuses the common prefix",
-                          park_first=park_first)
-    if request.project is not None and request.project_file is not FileState.MISSING:
-        proven = request.project_file is FileState.PROVEN
-        return Action("restore", "a new session: restore its project head" + (" (proven here)" if proven else ""),
-                      prove=not proven, park_first=park_first, target="proj")
+                          park_first=park_first, save_project=wants_project)
     return _load_head(request, why="a new session", park_first=park_first, save_project=wants_project)
 
 

@@ -31,6 +31,9 @@ class Head:
     marker: str  # the marker that ended it
     model: str  # the body's "model" field ("" when absent)
     n_tools: int
+    #: where the project head ends, when not at the end of the system text: the text it ends with
+    #: (a harness's per-project part that follows the system message; "" none)
+    project_tail: str = ""
 
 
 @dataclass(frozen=True)

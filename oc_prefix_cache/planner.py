@@ -84,7 +84,8 @@ class HeadPlanner:
     def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
              harness: str, deadline: Deadline | None = None, system_text: str | None = None,
              longer: KnownPrefix | None = None) -> HeadPlan:
-        """``system_text``: the first system message's text, to cut a project head too.
+        """``system_text``: the first system message's text, to cut a project head too (or, when
+        the head has a ``project_tail``, the project head ends after that text instead).
         ``longer``: a known longer prefix of this request (its park): when the rendering starts
         with its text, only the text after it is tokenized (a long conversation resumed)."""
         prompt = client.apply_template(body, deadline=deadline)
@@ -108,27 +109,37 @@ class HeadPlanner:
         project: tuple[int, ...] = ()
         project_text = ""
         if system_text:
-            project, project_text = self._project(client, prompt, tokens, known, system_text, deadline=deadline)
+            project, project_text = self._project(client, prompt, tokens, known, head.project_tail or system_text,
+                                                  spaces=bool(head.project_tail), deadline=deadline)
         return HeadPlan(fingerprint=fp, tokens=known.tokens, request_tokens=tokens, prompt=prompt,
                         tools_in_head=0 <= tools_at < offset, harness=harness,
                         split=split, project=project, project_text=project_text)
 
     @staticmethod
-    def _project(client: SlotClient, prompt: str, tokens: tuple[int, ...], known: _KnownHead, system_text: str,
-                 *, deadline: Deadline | None) -> tuple[tuple[int, ...], str]:
-        """The project head: the head, then the rest of the system text as rendered (its end is
-        followed by the template's end-of-message token, a clean token boundary). Checked to be
-        a strict prefix of this request's tokens; () when it cannot be cut."""
-        tail = system_text.rstrip()[-200:]
+    def _project(client: SlotClient, prompt: str, tokens: tuple[int, ...], known: _KnownHead, end_text: str,
+                 *, spaces: bool, deadline: Deadline | None) -> tuple[tuple[int, ...], str]:
+        """The project head: the head, then the prompt up to the end of ``end_text`` as rendered
+        (the system text: followed by the template's end-of-message token, a clean token
+        boundary; a harness's ``project_tail`` inside the first user message: ``spaces`` takes the
+        whitespace after it too, where the tokenizer keeps it with the text before, e.g.
+        ``>\n``). Checked to be a strict prefix of this request's tokens; () when it cannot be cut."""
+        tail = end_text.rstrip()[-200:]
         at = prompt.find(tail, known.chars) if tail else -1
         if at < 0:
             return (), ""
-        text = prompt[known.chars: at + len(tail)]
-        extra = tuple(client.tokenize(text, add_special=False, deadline=deadline))
-        project = known.tokens + extra
-        if not extra or len(project) >= len(tokens) or tokens[: len(project)] != project:
-            return (), ""
-        return project, text
+        end = at + len(tail)
+        ends = [end]
+        while spaces and end < len(prompt) and prompt[end] in " \t\n":
+            end += 1
+        if end != ends[0]:
+            ends.insert(0, end)
+        for cut in ends:
+            text = prompt[known.chars: cut]
+            extra = tuple(client.tokenize(text, add_special=False, deadline=deadline))
+            project = known.tokens + extra
+            if extra and len(project) < len(tokens) and tokens[: len(project)] == project:
+                return project, text
+        return (), ""
 
     def distrust(self, fingerprint: str) -> None:
         """A real request missed a head planned from split tokenization: tokenize whole from now on."""

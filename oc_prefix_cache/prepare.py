@@ -902,9 +902,11 @@ def _slot_facts(seen: Seen, conversation: str, *, cache: CacheFacts, park_min: i
 
 
 def _continues(previous: Trail, current: Trail) -> bool:
+    """``current`` is ``previous``'s conversation gone on: same session, its messages extended,
+    and the same tools and template options (else the prompt changed before its messages)."""
     if previous.session and current.session and previous.session != current.session:
         return False
-    return extends(previous.digests, current.digests)
+    return previous.frame == current.frame and extends(previous.digests, current.digests)
 
 
 def _chain_id(digests: tuple[str, ...]) -> str:

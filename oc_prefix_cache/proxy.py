@@ -44,10 +44,12 @@ from typing import Any
 
 from . import __version__
 from .broker import Ask, SlotBroker, Taken, chain_key, head_key
+from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
 from .errors import OcpcError
-from .harness import Adapter, ClaudeCodeAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter, select
+from .harness import (Adapter, ClaudeCodeAdapter, CodexAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter,
+                      QwenCodeAdapter, select)
 from .head import MAX_BODY_BYTES, Head, Skip
 from .prepare import Preparer, PrepareResult
 from .relay import (
@@ -73,8 +75,12 @@ from .upstream import Answer, Upstream, UpstreamError, UpstreamStale
 
 log = logging.getLogger("ocpc.proxy")
 
-API_PATHS = {"/v1/chat/completions": "openai", "/chat/completions": "openai", "/v1/messages": "anthropic"}
+API_PATHS = {"/v1/chat/completions": "openai", "/chat/completions": "openai", "/v1/messages": "anthropic",
+             "/v1/responses": "responses", "/responses": "responses"}
 TAIL_BYTES = 64 * 1024  # the end of an answer, kept to read its timings from
+#: An Anthropic body too big to prepare is still read whole up to this, to forward it normalised
+#: (Claude Code's in-message system entries make b11434 answer HTTP 500 on some templates).
+MAX_NORMALISED_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +121,8 @@ class _Request:
     adapter: Adapter
     body: dict[str, Any]  # as normalised
     chat: dict[str, Any]  # as chat completions (translated from Anthropic)
-    chat_raw: bytes  # ``chat`` serialised (the client's bytes when nothing changed)
+    chat_raw: bytes  # ``chat`` serialised (the client's bytes when nothing changed): what is prepared
+    sent_raw: bytes  # the body as normalised, serialised (the client's bytes when nothing changed)
     changes: bool
     stream: bool
     session: str | None
@@ -159,7 +166,8 @@ class Proxy:
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
         self._client: Upstream | None = None
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
-        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(), PiAdapter())
+        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=settings.normalise_off), PiAdapter(),
+                          CodexAdapter(off=settings.normalise_off), QwenCodeAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()
@@ -217,9 +225,14 @@ class Proxy:
     async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
         arrived = time.perf_counter()
         raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
-        if not complete:  # too big to prepare: stream it through as it comes, never a 413
+        if not complete:  # too big to prepare: forwarded as it is (normalised when it can be), never a 413
             self.counters.add("not_prepared:oversized")
-            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=rest(raw, receive))
+            if api == "anthropic":
+                raw, complete = await read_body(receive, limit=MAX_NORMALISED_BYTES,
+                                                declared=headers.get("content-length"), first=raw)
+            body = (await asyncio.wrap_future(self._pool.submit(self._unprepared, api, headers, raw)) if complete
+                    else rest(raw, receive))  # a parse of up to 64 MiB: off the event loop
+            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=body)
             return
         refusal = self._refusal(headers)
         if refusal:
@@ -237,7 +250,7 @@ class Proxy:
         except Exception as exc:  # a bug of ours: the request goes on unchanged
             log.exception("planning a request failed; forwarding it unchanged")
             self.counters.add("fail_open:internal")
-            plan = Plan(path=path_of(scope), body=raw, why_not=f"internal error: {exc}")
+            plan = Plan(path=path_of(scope), body=self._unprepared(api, headers, raw), why_not=f"internal error: {exc}")
         finally:
             watch.cancel()
         plan.ready_ms = (time.perf_counter() - arrived) * 1000
@@ -311,14 +324,16 @@ class Proxy:
         body, changes = adapter.normalise(incoming)
         stream = bool(body.get("stream"))
         try:
-            chat = to_chat(body) if api == "anthropic" else body
+            chat = to_chat(body) if api == "anthropic" else responses.prepared(body) if api == "responses" else body
             # serialised before a slot is taken: a body that cannot be (a lone surrogate) takes none
-            chat_raw = dump(chat) if api == "anthropic" or changes else raw
-        except (TranslationError, ValueError) as exc:
+            sent_raw = dump(body) if changes else raw
+            chat_raw = dump(chat) if api in ("anthropic", "responses") else sent_raw
+        except (TranslationError, ValueError) as exc:  # the server translates it itself, normalised
             self.counters.add("not_prepared:untranslatable")
-            return Plan(path=path, body=raw, stream=stream, why_not=f"not translatable: {exc}")
+            forwarded = self._unprepared(api, headers, raw) if api == "anthropic" else raw
+            return Plan(path=path, body=forwarded, stream=stream, why_not=f"not translatable: {exc}")
         n_slots = self.broker.n_slots()
-        asked = body.get("id_slot", -1) if api == "openai" else -1
+        asked = body.get("id_slot", -1) if api in ("openai", "responses") else -1
         client_slot = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < n_slots
         if not client_slot and asked != -1:  # -1 (llama.cpp's "any slot") or none: ours to choose
             self.counters.add("not_prepared:unknown_slot")
@@ -334,11 +349,33 @@ class Proxy:
         session = adapter.session(incoming)
         head = adapter.head(chat)
         side = isinstance(head, Skip)  # a title or summary: no conversation to keep a slot for
-        return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw,
+        return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw, sent_raw=sent_raw,
                         changes=bool(changes), stream=stream, session=session, n_slots=n_slots,
                         conversation="" if side else (session or chain_key(chat)),
                         slot=asked if client_slot else None,
                         head_key=head_key(head) if isinstance(head, Head) else "")
+
+    def _unprepared(self, api: str, headers: dict[str, str], raw: bytes) -> bytes:
+        """The bytes a request that gets no prepare is forwarded with: its harness's documented
+        normalisations still apply (a raw Claude Code body has ``role: system`` entries inside its
+        messages, which b11434 answers with HTTP 500 on the Qwen3.5 template: a session past the
+        body limit failed every turn). Unchanged when nothing applies or anything goes wrong."""
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                return raw
+            incoming = Incoming(api=api, headers=headers, body=data)
+            adapter = select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
+            if adapter.name not in self.settings.adapters:
+                return raw
+            body, changes = adapter.normalise(incoming)
+            if not changes:
+                return raw
+            self.counters.add("normalised_unprepared:" + adapter.name)
+            return dump(body)
+        except Exception:  # noqa: BLE001 (a fallback must not fail: the bytes as they came)
+            log.exception("normalising a request that goes unprepared failed; forwarding it unchanged")
+            return raw
 
     def _take_slot(self, request: _Request, *, deadline: Deadline, gone: threading.Event) -> Plan:
         """The slot (``broker.py``: chosen, waited for in line, held), then the upstream body
@@ -359,8 +396,8 @@ class Proxy:
         if request.api == "anthropic":
             up = upstream_bytes(request.chat_raw, id_slot=slot if pinned else None)
             plan = Plan(path="/v1/chat/completions", body=up, translate=True, stream=request.stream, slot=slot)
-        else:
-            forwarded = request.chat_raw
+        else:  # chat completions; a Responses body as it is (b11434 keeps its id_slot: responses.py)
+            forwarded = request.sent_raw
             if pinned and request.slot is None:  # the slot prepared is the slot that runs it
                 forwarded = (_with_slot(forwarded, slot) if "id_slot" not in request.body
                              else dump({**request.body, "id_slot": slot}))

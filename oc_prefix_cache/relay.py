@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +87,13 @@ class Watcher:
                 return  # (after a complete answer uvicorn says the same: only counts while the task runs)
 
 
-async def read_body(receive: Receive, *, limit: int, declared: str | None) -> tuple[bytes, bool]:
-    """The body, and whether it ended within ``limit`` (else: what was read, for ``rest``)."""
+async def read_body(receive: Receive, *, limit: int, declared: str | None, first: bytes = b"") -> tuple[bytes, bool]:
+    """The body, and whether it ended within ``limit`` (else: what was read, for ``rest``).
+    ``first``: what an earlier, smaller read already took of it."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        return b"", False
-    parts: list[bytes] = []
-    size = 0
+        return first, False
+    parts: list[bytes] = [first]
+    size = len(first)
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -149,12 +151,26 @@ def translated_whole(raw: bytes) -> bytes:
     return dump(to_message(data)) if isinstance(data, dict) else raw
 
 
+_RESPONSES_USAGE = re.compile(rb'"input_tokens":(\d+),"output_tokens":(\d+),"total_tokens":\d+,'
+                              rb'"input_tokens_details":\{"cached_tokens":(\d+)\}')
+
+
+def _learn_usage(tail: bytes) -> Learned | None:
+    """A whole Responses answer has no ``timings``, only its ``usage`` (``input_tokens`` counts
+    the reused ones too), in the server's own compact form."""
+    found = _RESPONSES_USAGE.findall(tail)
+    if not found:
+        return None
+    prompt, generated, cached = (int(x) for x in found[-1])
+    return Learned(cache_n=cached, prompt_n=prompt - cached, predicted_n=generated)
+
+
 def learn(tail: bytes) -> Learned | None:
     """The reuse numbers of an answer: its last ``timings`` object (a stream's final chunk has it;
     a whole answer has one). Found by position, so a long answer costs no parse of its text."""
     at = tail.rfind(b'"timings":')
     if at < 0:
-        return None
+        return _learn_usage(tail)
     try:
         timings, _ = _DECODER.raw_decode(tail[at + len(b'"timings":'):].decode(errors="replace").lstrip())
     except ValueError:

@@ -60,8 +60,13 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_PROXY_PORT": ("8766", "`ocpc proxy` port (loopback): the base URL other harnesses use"),
     "OC_PREFIX_CACHE_ADAPTERS": (
-        "opencode,claude-code,pi,generic",
+        "opencode,claude-code,pi,codex,qwen-code,generic",
         "harness adapters the proxy may use; one left out forwards its requests' bytes unchanged",
+    ),
+    "OC_PREFIX_CACHE_NORMALISE_OFF": (
+        "(none)",
+        "body normalisations the proxy must not make, by name (docs/harnesses.md), comma-separated; "
+        "e.g. environment-to-system",
     ),
     "OC_PREFIX_CACHE_RIG_DIR": (
         "platformdirs user cache dir (~/.cache/oc-prefix-cache/rig)",
@@ -92,6 +97,7 @@ class Settings:
     park_min_tokens: int
     park_ahead_s: float | None  # None: never park ahead
     adapters: frozenset[str]
+    normalise_off: frozenset[str]  # normalisations switched off, by name (NORMALISATIONS)
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
@@ -151,6 +157,7 @@ class Settings:
             park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
             park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
+            normalise_off=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_OFF", "")),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
@@ -213,7 +220,20 @@ def _markers(raw: str) -> tuple[str, ...]:
     return markers
 
 
-ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "generic"})
+ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "generic"})
+
+
+#: Every body normalisation an adapter may make (docs/harnesses.md says what each does and costs).
+NORMALISATIONS = frozenset({"drop-billing-header", "system-entries-as-user", "strip-cache-control",
+                            "environment-to-system", "merge-developer-messages"})
+
+
+def _normalisations(raw: str) -> frozenset[str]:
+    names = frozenset(n for n in (part.strip() for part in raw.split(",")) if n)
+    unknown = names - NORMALISATIONS
+    if unknown:
+        raise ConfigError(f"OC_PREFIX_CACHE_NORMALISE_OFF names {sorted(unknown)}; use any of {sorted(NORMALISATIONS)}")
+    return names
 
 
 def _adapters(raw: str) -> frozenset[str]:

@@ -146,3 +146,23 @@ def test_a_smaller_task_id_on_the_same_server_process_is_not_a_restart() -> None
     assert tracker.proven(url, ("oc-prefix-x.bin", 1, 1))
     seen = tracker.observe(url, 0, Observation(id_task=2, n_tokens=0, n_processed=0, n_cached=0))
     assert seen.restarted  # no witness: a smaller id is a restart
+
+
+def test_a_turn_whose_tools_or_template_options_changed_does_not_continue_the_slot() -> None:
+    """The full path's test of "the slot holds this conversation" compared message digests only:
+    a turn with a tool added (an MCP server connected) or thinking switched on rendered a
+    different prompt before its first message, yet was answered `hit` on the slot (issue 18)."""
+    from oc_prefix_cache.prepare import _continues
+
+    body = json.loads(capture_bytes(PROJ_A))
+    later = json.loads(capture_bytes(PROJ_A_TURN2))
+    first = Trail.of(parse(json.dumps(body)), session="s")
+    assert _continues(first, Trail.of(parse(json.dumps(later)), session="s"))
+    changed = [{**later, "tools": later["tools"] + [{"type": "function", "function": {"name": "mcp_x",
+                                                                                  "parameters": {}}}]},
+               {**later, "chat_template_kwargs": {"enable_thinking": False}},
+               {**later, "reasoning_effort": "high"}]
+    for body_ in changed:
+        assert not _continues(first, Trail.of(parse(json.dumps(body_)), session="s"))
+    sampling = {**later, "temperature": 0.1, "max_tokens": 77}  # renders the same prompt
+    assert _continues(first, Trail.of(parse(json.dumps(sampling)), session="s"))

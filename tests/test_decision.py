@@ -54,9 +54,14 @@ PROJ = "aaaaaaaaaaaaaaaa"
     (slot(exact_key=PROJ), request(project=PROJ, project_file=FileState.PROVEN), "hit", "project's head", "proj"),
     (slot(exact=False, holds_conversation="ses_a"), NEW, "restore", "new session", "head"),
     (slot(exact=False, holds_conversation="ses_a", partial_cache=False), NEW, "hit", "transformer", "head"),
-    # new session: the project head on disk wins over the head
+    # new session: the project head on disk wins over the head, also over the head left in the slot (a
+    # transformer would reuse only the head from another project's conversation: 343 tokens of OpenCode's
+    # project text processed again; issue 18)
     (slot(holds_head=OTHER), request(project=PROJ, project_file=FileState.PRESENT), "restore", "project head",
      "proj"),
+    (slot(exact=False, holds_conversation="ses_a", partial_cache=False),
+     request(project=PROJ, project_file=FileState.PROVEN), "restore", "project head", "proj"),
+    (slot(), request(project=PROJ, project_file=FileState.PROVEN), "restore", "project head", "proj"),
     # new session: another head, nothing known, a restart, a missing or unproven file
     (slot(holds_head=OTHER), NEW, "restore", "new session", "head"),
     (slot(known=False, holds_head=None, exact=False), NEW, "restore", "new session", "head"),

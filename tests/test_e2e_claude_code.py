@@ -159,6 +159,14 @@ def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude
     for row in rows:  # and every other request too
         assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
     assert counters.get("report:served", 0) == len(rows) and not any(k.startswith("fail_open") for k in counters)
+    # a new session in the same project, and one after a restart, process only what is new: the
+    # environment entry moved into the system text (environment-to-system) and the project head cut
+    # after the first message's reminders, just before the typed text (issue 18; before: 4,812 of
+    # 14,274 prompt tokens per run, 34%)
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
+        assert processed <= 0.02 * first_prompt, (session, processed, first_prompt, rows)
 
 
 def test_two_claude_code_conversations_alternate_on_their_own_slots(

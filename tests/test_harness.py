@@ -126,30 +126,64 @@ def test_select_takes_a_configured_generic_and_adapter_list() -> None:
     generic = GenericAdapter(markers=("\nCurrent date: ",))
     assert select(PI_A1, enabled=frozenset(), fallback=generic) is generic
     assert select(PI_A1, enabled=ALL, adapters=[OpenCodeAdapter()]).name == "generic"
-    assert [a.name for a in DEFAULT_ADAPTERS] == ["opencode", "claude-code", "pi"]
+    assert [a.name for a in DEFAULT_ADAPTERS] == ["opencode", "claude-code", "pi", "codex", "qwen-code"]
     assert isinstance(generic.head(PI_A1.body), Head)
 
 
 # -- Claude Code's normalisations -----------------------------------------------------------------------------
 
 
+IN_PLACE = ClaudeCodeAdapter(off=frozenset({"environment-to-system"}))
+
+
 def test_claude_code_drops_the_billing_header_like_attribution_off() -> None:
-    body, changes = ClaudeCodeAdapter().normalise(CC_A1)
+    body, changes = IN_PLACE.normalise(CC_A1)
     assert changes == ("drop-billing-header", "system-entries-as-user")
     assert body["system"] == CC_ATTR0.body["system"]  # the CLAUDE_CODE_ATTRIBUTION_HEADER=0 run
     assert body["system"] is not CC_A1.body["system"] and len(CC_A1.body["system"]) == 3  # input untouched
+    moved, changes = ClaudeCodeAdapter().normalise(CC_A1)
+    assert changes == ("drop-billing-header", "environment-to-system")
+    assert moved["system"] == ClaudeCodeAdapter().normalise(CC_ATTR0)[0]["system"]
+
+
+def test_claude_code_moves_the_main_agents_environment_to_the_end_of_its_system_text() -> None:
+    """Only the entry right after the first user message, on every turn alike; a subagent's
+    prompt (no memory marker) keeps its entries in place, so its head takes in nothing per project."""
+    for request_ in (CC_A1, CC_A2C, CC_MAIN2):
+        body, changes = ClaudeCodeAdapter().normalise(request_)
+        raw = request_.body["messages"]
+        env = raw[1]["content"] if isinstance(raw[1]["content"], str) else raw[1]["content"][0]["text"]
+        assert env.startswith("# Environment\n") and "environment-to-system" in changes
+        assert body["system"][-1] == {"type": "text", "text": "\n\n" + env}
+        assert len(body["messages"]) == len(raw) - 1 and body["messages"][0] == raw[0] | {"content": [
+            {k: v for k, v in b.items() if k != "cache_control"} for b in raw[0]["content"]]}
+        assert not any(m["role"] == "system" for m in body["messages"])
+    for request_ in (CC_SUB1, CC_SUB2):
+        assert "environment-to-system" not in ClaudeCodeAdapter().normalise(request_)[1]
+    off = ClaudeCodeAdapter(off=frozenset({"environment-to-system", "strip-cache-control"}))
+    assert off.normalise(CC_A1)[1] == ("drop-billing-header", "system-entries-as-user")
+
+
+def test_claude_code_project_head_ends_after_the_first_messages_reminders() -> None:
+    chat = to_chat(ClaudeCodeAdapter().normalise(CC_A1)[0])
+    head = ClaudeCodeAdapter().head(chat)
+    assert isinstance(head, Head) and head.project_tail.startswith("<system-reminder>\nAttribution")
+    assert chat["messages"][1]["content"][-1]["text"] == "say ok"  # the typed text comes after it
+    assert IN_PLACE.head(to_chat(IN_PLACE.normalise(CC_A1)[0])).project_tail == ""  # type: ignore[union-attr]
+    sub = ClaudeCodeAdapter().head(to_chat(ClaudeCodeAdapter().normalise(CC_SUB1)[0]))
+    assert isinstance(sub, Head) and sub.project_tail == ""
 
 
 def test_claude_code_system_entries_become_user_text_in_place() -> None:
     for request_ in (CC_A1, CC_A2C, CC_SUB2):
-        body, _ = ClaudeCodeAdapter().normalise(request_)
+        body, _ = IN_PLACE.normalise(request_)
         before, after = request_.body["messages"], body["messages"]
         assert len(after) == len(before) and not any(m["role"] == "system" for m in after)
         for old, new in zip(before, after):
             if old["role"] == "system":
                 text = old["content"] if isinstance(old["content"], str) else old["content"][0]["text"]
                 assert new == {"role": "user", "content": text}
-        again, changes = ClaudeCodeAdapter().normalise(Incoming(api="anthropic", headers={}, body=body))
+        again, changes = IN_PLACE.normalise(Incoming(api="anthropic", headers={}, body=body))
         assert again is body and changes == ()  # already normal: nothing more to do
 
 

@@ -521,3 +521,54 @@ def test_a_client_that_leaves_while_waiting_for_its_slot_gets_no_prepare(proxy_f
         assert len(counting.calls) == 1  # the first request's prepare only
         assert not any(b"gives up" in s["body"] for s in stub.seen)
         assert proxy.counters().get("client_gone_before_prepare") == 1
+
+
+# -- fallbacks forward a body the server accepts (issue 18) ------------------------------------------
+
+def claude_code_request() -> tuple[dict[str, str], dict[str, Any]]:
+    headers, body = capture(DATA / "claude-code-2.1.332" / "A1.json")
+    assert any(m["role"] == "system" for m in body["messages"])  # what b11434 answers with HTTP 500
+    return headers, body
+
+
+def system_entries(seen: dict[str, Any]) -> int:
+    return sum(m.get("role") == "system" for m in json.loads(seen["body"])["messages"])
+
+
+def test_an_oversized_claude_code_body_is_forwarded_normalised(proxy_for: Any, stub: Any) -> None:
+    """A Claude Code session past the 8 MiB prepare limit (screenshots) went upstream raw, with
+    its in-message `role: system` entries: on the Qwen3.5 template every turn failed with HTTP 500.
+    Now it is read whole (up to 64 MiB) and forwarded with the adapter's normalisations, unprepared."""
+    proxy = proxy_for(stub.url)
+    headers, body = claude_code_request()
+    body["messages"][0]["content"].append({"type": "text", "text": "x" * (MAX_BODY_BYTES + 1000)})
+    response = post(proxy.url, body, headers=headers, path="/v1/messages")
+    assert response.status_code == 200
+    seen = last_post(stub)
+    assert seen["path"].startswith("/v1/messages") and system_entries(seen) == 0
+    counters = proxy.counters()
+    assert counters["not_prepared:oversized"] == 1 and counters["normalised_unprepared:claude-code"] == 1
+
+
+def test_a_request_whose_planning_fails_is_forwarded_normalised(proxy_for: Any, stub: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = proxy_for(stub.url)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(proxy.proxy, "_parse", broken)
+    headers, body = claude_code_request()
+    assert post(proxy.url, body, headers=headers, path="/v1/messages").status_code == 200
+    assert system_entries(last_post(stub)) == 0 and proxy.counters()["fail_open:internal"] == 1
+    raw = json.dumps(CHAT).encode()  # nothing to normalise: the very bytes
+    assert post(proxy.url, raw).status_code == 200 and last_post(stub)["body"] == raw
+
+
+def test_a_switched_off_adapter_still_forwards_the_very_bytes_when_oversized(proxy_for: Any, stub: Any) -> None:
+    proxy = proxy_for(stub.url, adapters="opencode,pi,generic")
+    headers, body = claude_code_request()
+    body["messages"][0]["content"].append({"type": "text", "text": "x" * (MAX_BODY_BYTES + 1000)})
+    raw = json.dumps(body).encode()
+    assert post(proxy.url, raw, headers=headers, path="/v1/messages").status_code == 200
+    assert last_post(stub)["body"] == raw  # the user switched its normalisations off

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from .base import Adapter, Incoming, select
 from .claude_code import ClaudeCodeAdapter
+from .codex import CodexAdapter
 from .generic import GenericAdapter
 from .opencode import OpenCodeAdapter
 from .pi import PiAdapter
+from .qwen_code import QwenCodeAdapter
 
-DEFAULT_ADAPTERS: tuple[Adapter, ...] = (OpenCodeAdapter(), ClaudeCodeAdapter(), PiAdapter())
+DEFAULT_ADAPTERS: tuple[Adapter, ...] = (OpenCodeAdapter(), ClaudeCodeAdapter(), PiAdapter(), CodexAdapter(),
+                                         QwenCodeAdapter())
 NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
 
 __all__ = [
-    "DEFAULT_ADAPTERS", "NAMES", "Adapter", "ClaudeCodeAdapter", "GenericAdapter", "Incoming",
-    "OpenCodeAdapter", "PiAdapter", "select",
+    "DEFAULT_ADAPTERS", "NAMES", "Adapter", "ClaudeCodeAdapter", "CodexAdapter", "GenericAdapter", "Incoming",
+    "OpenCodeAdapter", "PiAdapter", "QwenCodeAdapter", "select",
 ]

@@ -28,6 +28,17 @@ Measured on Claude Code 2.1.332 (shared/captures/claude-code-2.1.332*), against 
     moves its breakpoint to the newest block every turn; llama-server ignores the field, so it
     changes nothing rendered, but without it each earlier message stays byte-identical across
     turns and message digests extend.
+  - ``environment-to-system``: the main agent's ``# Environment`` entry (working directory,
+    platform, model, deferred tools, agent types, skills, the date: ~2,100 tokens, the same for a
+    project all day) follows the first user message, i.e. the typed text, so every new session
+    processed it again. It moves to the end of the system text (only that entry, on every turn
+    alike, so turns still extend each other; later system entries stay in place; a subagent's
+    prompt, which has no memory marker, is left alone, so its head takes in nothing per project).
+* **Project head**: with the environment in the system text, everything before the typed text
+  is the same for a project and a repository state: the head, the project's system text and
+  environment, then the first message's leading ``<system-reminder>`` blocks (git status,
+  attribution). The project head ends after those reminders (``Head.project_tail``), so a new
+  session in the project processes only what it typed.
 * **Session**: ``x-claude-code-session-id`` (or the ``session_id`` inside ``metadata.user_id``),
   plus ``:<x-claude-code-agent-id>`` for a subagent. Subagents keep the main session id and, by
   default, run in the background at the same time as the main agent: they are separate
@@ -37,20 +48,22 @@ Measured on Claude Code 2.1.332 (shared/captures/claude-code-2.1.332*), against 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..anthropic import BILLING_PREFIX
 from ..head import Head, Skip
-from .base import Incoming, cut_head
+from .base import Incoming, cut_head, leading_reminders_end
 
 MEMORY_MARKER = "You have a persistent file-based memory at `"
+ENVIRONMENT = "# Environment\n"
 
 
 @dataclass(frozen=True)
 class ClaudeCodeAdapter:
     name: str = "claude-code"
     markers: tuple[str, ...] = (MEMORY_MARKER,)
+    off: frozenset[str] = field(default_factory=frozenset)  # normalisations switched off, by name
 
     def matches(self, incoming: Incoming) -> bool:
         return incoming.api == "anthropic" and incoming.user_agent.startswith("claude-cli/")
@@ -59,21 +72,30 @@ class ClaudeCodeAdapter:
         body = incoming.body
         changes: list[str] = []
         system = body.get("system")
-        if isinstance(system, list):
+        if isinstance(system, list) and "drop-billing-header" not in self.off:
             kept = [block for block in system if not _is_billing_block(block)]
             if len(kept) != len(system):
                 body = {**body, "system": kept}
                 changes.append("drop-billing-header")
+        if "environment-to-system" not in self.off:
+            moved = _environment_to_system(body)
+            if moved is not None:
+                body = moved
+                changes.append("environment-to-system")
         messages = body.get("messages")
         if isinstance(messages, list):
-            normalised, message_changes = _normalise_messages(messages)
+            normalised, message_changes = _normalise_messages(messages, off=self.off)
             if message_changes:
                 body = {**body, "messages": normalised}
                 changes.extend(message_changes)
         return (body, tuple(changes)) if changes else (incoming.body, ())
 
     def head(self, chat: dict[str, Any]) -> Head | Skip:
-        return cut_head(chat, markers=self.markers, include_marker=True, whole_without_marker=True)
+        head = cut_head(chat, markers=self.markers, include_marker=True, whole_without_marker=True)
+        if isinstance(head, Skip) or "environment-to-system" in self.off:
+            return head
+        tail = _project_tail(chat)
+        return replace(head, project_tail=tail) if tail else head
 
     def session(self, incoming: Incoming) -> str | None:
         session = incoming.header("x-claude-code-session-id") or _metadata_session(incoming.body)
@@ -83,15 +105,67 @@ class ClaudeCodeAdapter:
         return f"{session}:{agent}" if agent else session
 
 
-def _normalise_messages(messages: list[Any]) -> tuple[list[Any], list[str]]:
+def _normalise_messages(messages: list[Any], *, off: frozenset[str]) -> tuple[list[Any], list[str]]:
     changes: list[str] = []
-    if any(_role(m) == "system" for m in messages):
+    if any(_role(m) == "system" for m in messages) and "system-entries-as-user" not in off:
         messages = [_system_as_user(m) if _role(m) == "system" else m for m in messages]
         changes.append("system-entries-as-user")
+    if "strip-cache-control" in off:
+        return messages, changes
     stripped = [_without_cache_control(m) for m in messages]
     if any(new is not old for new, old in zip(stripped, messages)):
         changes.append("strip-cache-control")
     return stripped, changes
+
+
+def _environment_to_system(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The body with the main agent's environment entry (right after the first user message)
+    moved to the end of its system text; None when there is none to move (a subagent, a body
+    of another shape)."""
+    system, messages = body.get("system"), body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2 or _role(messages[0]) != "user":
+        return None
+    if _role(messages[1]) != "system" or not _system_text(system).count(MEMORY_MARKER):
+        return None
+    text = _plain_text(messages[1].get("content"))
+    if text is None or not text.startswith(ENVIRONMENT):
+        return None
+    moved = {"type": "text", "text": "\n\n" + text}
+    if isinstance(system, list):
+        new_system: Any = [*system, moved]
+    else:
+        new_system = f"{system}\n\n{text}"
+    return {**body, "system": new_system, "messages": [messages[0], *messages[2:]]}
+
+
+def _project_tail(chat: dict[str, Any]) -> str:
+    """Where the project head ends: after the first message's leading reminders, once the system
+    text holds the moved environment ("" when the request has no such shape)."""
+    messages = chat.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    system = _plain_text(first.get("content")) if isinstance(first, dict) else None
+    if not system or ENVIRONMENT not in system:
+        return ""
+    return leading_reminders_end(chat)
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        return "".join(b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return ""
+
+
+def _plain_text(content: Any) -> str | None:
+    """A message's content as one string, when it is all text (a string or text blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "".join(t for t in texts if isinstance(t, str))
+    return None
 
 
 def _role(message: Any) -> str | None:
@@ -107,11 +181,8 @@ def _is_billing_block(block: Any) -> bool:
 def _system_as_user(message: dict[str, Any]) -> dict[str, Any]:
     """A system entry as a user message: one string when it is all text, else its blocks."""
     content = message.get("content")
-    if isinstance(content, list):
-        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
-        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
-            return {"role": "user", "content": "".join(t for t in texts if isinstance(t, str))}
-    return {"role": "user", "content": content}
+    text = _plain_text(content) if isinstance(content, list) else None
+    return {"role": "user", "content": content if text is None else text}
 
 
 def _without_cache_control(message: Any) -> Any:

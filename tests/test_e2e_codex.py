@@ -1,0 +1,81 @@
+"""End to end: the real Codex CLI 0.171.0 binary (`codex exec`), `ocpc proxy` as a real process, and a
+real llama-server (tiny hybrid model, every reply ending at once). Codex speaks only the Responses
+API: the proxy prepares `/v1/responses` from the server's own conversion (responses.py) and pins it
+with `id_slot`, which b11434 keeps there. Two sessions in project A, one in project B, one after a
+server restart: every first request after the first restores the head or the project head, and a new
+session in a project it has seen processes at most 2% of the first session's prompt tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+
+pytestmark = pytest.mark.rig
+
+VERSION = "0.171.0"
+
+
+@pytest.fixture
+def codex_bin() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"codex-{VERSION}"
+    return npm_install(f"@openai/codex@{VERSION}", folder, folder / "node_modules" / ".bin" / "codex")
+
+
+def codex_home(path: Path, proxy_url: str) -> Path:
+    """A CODEX_HOME whose provider is the proxy (Responses wire API), as a user's config.toml says it."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.toml").write_text(
+        'model = "local-model"\nmodel_provider = "local"\n\n[model_providers.local]\nname = "local"\n'
+        f'base_url = "{proxy_url}/v1"\nwire_api = "responses"\n')
+    return path
+
+
+def run_codex(binary: Path, home: Path, project: Path, prompt: str) -> str:
+    env = {"HOME": str(home.parent), "CODEX_HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC",
+           "LANG": "C.UTF-8"}
+    proc = subprocess.run([str(binary), "exec", "--skip-git-repo-check", prompt], cwd=project, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"codex failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_codex_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, codex_bin: Path,
+                                                                      tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        home = codex_home(tmp_path / "home" / ".codex", proxy.url)
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_codex(codex_bin, home, project, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}"
+            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    firsts = [row for row in rows if row["request"] == 1]
+    assert all(row["adapter"] == "codex" and row["path"].startswith("/v1/responses") for row in rows), rows
+    assert firsts[0]["action"] == "warmed", firsts[0]
+    for row in firsts[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
+        assert processed <= 0.02 * first_prompt, (session, processed, first_prompt, rows)
+    assert not any(k.startswith("fail_open") for k in counters), counters
