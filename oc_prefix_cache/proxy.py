@@ -166,8 +166,8 @@ class Proxy:
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
         self._client: Upstream | None = None
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
-        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=settings.normalise_off), PiAdapter(),
-                          CodexAdapter(off=settings.normalise_off), QwenCodeAdapter())
+        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=settings.normalisations_off), PiAdapter(),
+                          CodexAdapter(off=settings.normalisations_off), QwenCodeAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()

@@ -65,8 +65,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_NORMALISE_OFF": (
         "(none)",
-        "body normalisations the proxy must not make, by name (docs/harnesses.md), comma-separated; "
-        "e.g. environment-to-system",
+        "body normalisations the proxy must not make, by name (docs/harnesses.md), comma-separated",
+    ),
+    "OC_PREFIX_CACHE_NORMALISE_ON": (
+        "(none)",
+        "opt-in normalisations the proxy may make, by name: environment-to-system (Claude Code's "
+        "new sessions process only what is new; it moves text the model reads, see docs/harnesses.md)",
     ),
     "OC_PREFIX_CACHE_RIG_DIR": (
         "platformdirs user cache dir (~/.cache/oc-prefix-cache/rig)",
@@ -98,9 +102,15 @@ class Settings:
     park_ahead_s: float | None  # None: never park ahead
     adapters: frozenset[str]
     normalise_off: frozenset[str]  # normalisations switched off, by name (NORMALISATIONS)
+    normalise_on: frozenset[str]  # opt-in normalisations switched on (OPT_IN)
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
+
+    @property
+    def normalisations_off(self) -> frozenset[str]:
+        """What the adapters must not do: the ones switched off, and the opt-in ones not switched on."""
+        return self.normalise_off | (OPT_IN - self.normalise_on)
 
     @property
     def index_path(self) -> Path:
@@ -157,7 +167,8 @@ class Settings:
             park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
             park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
-            normalise_off=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_OFF", "")),
+            normalise_off=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_OFF", ""), "OC_PREFIX_CACHE_NORMALISE_OFF"),
+            normalise_on=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_ON", ""), "OC_PREFIX_CACHE_NORMALISE_ON"),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
@@ -228,11 +239,17 @@ NORMALISATIONS = frozenset({"drop-billing-header", "system-entries-as-user", "st
                             "environment-to-system", "merge-developer-messages"})
 
 
-def _normalisations(raw: str) -> frozenset[str]:
+#: Normalisations that move text the model reads: off unless switched on (OC_PREFIX_CACHE_NORMALISE_ON).
+#: environment-to-system changed every greedy answer of the rig's real model on Claude Code's captures
+#: (bench/normalise_bench.py), so it is not a default.
+OPT_IN = frozenset({"environment-to-system"})
+
+
+def _normalisations(raw: str, name: str) -> frozenset[str]:
     names = frozenset(n for n in (part.strip() for part in raw.split(",")) if n)
     unknown = names - NORMALISATIONS
     if unknown:
-        raise ConfigError(f"OC_PREFIX_CACHE_NORMALISE_OFF names {sorted(unknown)}; use any of {sorted(NORMALISATIONS)}")
+        raise ConfigError(f"{name} names {sorted(unknown)}; use any of {sorted(NORMALISATIONS)}")
     return names
 
 

@@ -8,7 +8,8 @@ approval rules), then a ``user`` message holding ``<environment_context>`` (work
 shell, the date, the time zone, workspace roots), then the typed text. As chat (``responses.py``,
 the server's own conversion) that is two system messages, the environment and the prompt.
 
-* **Head**: the tools and the base prompt (the first developer message): it names no project.
+* **Head**: the tools and the developer text (merged, below): base prompt, skills, sandbox rules,
+  the same for one install and mode; it names no project.
 * **Project head**: up to the end of the ``<environment_context>`` message (``project_tail``): the
   same for a project all day, so a new session in it processes only its typed text.
 * **Session**: the ``thread-id`` header (a subagent runs on its own thread), else ``session-id``,
