@@ -194,6 +194,12 @@ class SlotBroker:
         with self._freed:
             return len(self._leases)
 
+    def overdue(self, *, now: float | None = None) -> int:
+        """Leases past their grace: only these are worth a look at the server's slots."""
+        now = time.monotonic() if now is None else now
+        with self._freed:
+            return sum(1 for t in self._leases.values() if now - t.at >= LEASE_GRACE_S)
+
     def _take_back_lease_of(self, conversation: str) -> None:
         with self._freed:
             mine = [t for t in self._leases.values() if t.conversation == conversation]

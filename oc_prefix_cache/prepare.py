@@ -275,7 +275,7 @@ class Preparer:
     def _reclaim_leases(self) -> None:
         """Slots lent to the plugin's requests whose report never came (an answer without timings,
         a plugin that gave up) are taken back once the server shows them idle (``broker.py``)."""
-        if not self.broker.leases():
+        if not self.broker.overdue():  # no /slots call for leases whose request is still young
             return
         try:
             slots = self.client.slots(deadline=Deadline.after(2.0))

@@ -37,6 +37,7 @@ def test_a_lease_whose_report_never_comes_is_taken_back_once_the_server_shows_th
     taken = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
     b.lend("p-1", taken)
     now = time.monotonic()
+    assert b.overdue(now=now) == 0 and b.overdue(now=now + LEASE_GRACE_S) == 1
     assert b.reclaim(lambda slot: True, now=now) == 0  # too soon: the plugin has not sent it yet
     assert b.reclaim(lambda slot: False, now=now + LEASE_GRACE_S) == 0  # the request still runs
     assert b.reclaim(lambda slot: True, now=now + LEASE_GRACE_S) == 0  # idle once: its report may be on its way
