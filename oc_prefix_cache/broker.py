@@ -82,6 +82,7 @@ class SlotBroker:
         self._props = props
         self._slots_ttl_s = slots_ttl_s
         self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
+        self._slots_known = False  # whether that count is the server's answer (not the fallback)
         # choosing and marking a slot busy happen at once (two new conversations never pick one
         # slot); requests that found every slot busy wait here, in line, for a slot to free
         self._freed = threading.Condition()
@@ -97,10 +98,17 @@ class SlotBroker:
         try:
             total = self._props(Deadline.after(2.0)).get("total_slots")
             n = total if isinstance(total, int) and total > 0 else 1
+            self._slots_known = isinstance(total, int) and total > 0
         except OcpcError as exc:
             log.info("cannot read the server's slot count (%s); assuming %d", exc, n)
+            self._slots_known = False
         self._slots = (time.monotonic(), n)
         return n
+
+    def slots_known(self) -> int | None:
+        """``n_slots`` when the server's last answer said it, else None (not a guess)."""
+        n = self.n_slots()
+        return n if self._slots_known else None
 
     # -- taking and giving back ------------------------------------------------------------
     def take(self, ask: Ask, *, deadline: Deadline, gone: threading.Event | None = None) -> Taken:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.console import Console
 from . import __version__
 from .errors import OcpcError
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .server_info import ResolvedServer
 
 app = typer.Typer(
     help="oc-prefix-cache: keep OpenCode's stable prompt head warm in llama-server.",
@@ -141,7 +144,8 @@ def rig_info(
 @app.command()
 def daemon(
     server: Annotated[str | None, typer.Option(
-        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help="llama-server URL.")] = None,
+        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=(
+            "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
     host: Annotated[str | None, typer.Option(help="Listen address (loopback only).")] = None,
     port: Annotated[int | None, typer.Option(
         envvar="OC_PREFIX_CACHE_DAEMON_PORT", help="Listen port (default 8765).")] = None,
@@ -156,8 +160,9 @@ def daemon(
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "daemon.log", verbose=verbose)
-        runner = Daemon(settings=settings, server_url=server, host=host, port=port, server_binary=server_bin)
-        err.print(f"ocpc daemon {__version__} on {runner.url} for llama-server {runner.server_url}")
+        chosen = _chosen_server(settings, server)
+        runner = Daemon(settings=settings, server_url=chosen.url, host=host, port=port, server_binary=server_bin)
+        err.print(f"ocpc daemon {__version__} on {runner.url} for llama-server {runner.server_url} ({chosen.why})")
         try:
             runner.serve_forever()
         except KeyboardInterrupt:
@@ -169,7 +174,8 @@ def daemon(
 @app.command()
 def proxy(
     server: Annotated[str | None, typer.Option(
-        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help="llama-server URL (default http://127.0.0.1:8080).")] = None,
+        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=(
+            "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
     host: Annotated[str, typer.Option(help="Listen address (loopback only).")] = "127.0.0.1",
     port: Annotated[int | None, typer.Option(
         envvar="OC_PREFIX_CACHE_PROXY_PORT", help="Listen port (default 8766).")] = None,
@@ -184,10 +190,11 @@ def proxy(
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
-        url = (server or settings.base_url).rstrip("/")
+        chosen = _chosen_server(settings, server)
+        url = chosen.url
         runner = ProxyServer(Proxy(settings=settings, preparer=build_preparer(settings, server_url=url)),
                              host=host, port=port, watch=True)
-        err.print(f"ocpc proxy {__version__} on {runner.url} for llama-server {url}")
+        err.print(f"ocpc proxy {__version__} on {runner.url} for llama-server {url} ({chosen.why})")
         try:
             runner.serve_forever()
         except KeyboardInterrupt:
@@ -289,13 +296,19 @@ def install(
             raise OcpcError("--keep-title and --opencode-version are OpenCode's; drop them for --harness " + harness)
         if harness == "claude-code" and (provider_id or output_limit):
             raise OcpcError("Claude Code has no provider or output limit to set; drop --provider-id/--output-limit")
+        if harness != "opencode":  # the proxy forwards to it: the lines below say which it is
+            from dataclasses import replace
+
+            settings = replace(settings, base_url=_chosen_server(settings, base_url, source="--base-url").url)
         if harness == "claude-code":
             said = claude_code.install(settings, config_path=path, model=model)
         elif harness == "pi":
             said = pi.install(settings, config_path=path, provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
                               model=model or "local", output_limit=output_limit)
         else:
-            said = install_opencode(settings, config_path=path, base_url=base_url or settings.base_url,
+            chosen = _chosen_server(settings, base_url, source="--base-url")
+            print(f"llama-server: {chosen.url} ({chosen.why})")
+            said = install_opencode(settings, config_path=path, base_url=chosen.url,
                                     provider_id=provider_id or "llamacpp", model=model or "local",
                                     keep_title=keep_title, opencode_version=opencode_version or _opencode_version(),
                                     output_limit=output_limit)
@@ -316,6 +329,16 @@ def uninstall(
         path = _config_path(config, project, harness)
         for line in do_uninstall(Settings.from_env(), config_path=path, harness=harness):
             print(line)
+
+
+def _chosen_server(settings: Settings, given: str | None, *, source: str = "--server") -> ResolvedServer:
+    """The llama-server a command works with: the one given, else the one found running (its
+    port is never assumed silently: the reason is printed with it)."""
+    from .server_info import ResolvedServer, resolve_server
+
+    if given:
+        return ResolvedServer(url=given.rstrip("/"), why=f"given by {source} or OC_PREFIX_CACHE_BASE_URL")
+    return resolve_server(settings, explicit=None)
 
 
 def _opencode_version() -> str | None:

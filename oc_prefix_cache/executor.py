@@ -279,7 +279,7 @@ class Executor:
 
     def _note_current(self, slot: int, key: str, *, deadline: Deadline) -> None:
         try:
-            self.store.update(lambda index: index.current.__setitem__(slot_key(self.server, slot), key),
+            self.store.update(lambda index: index.mark_current(slot_key(self.server, slot), key),
                               timeout=min(INDEX_WAIT_S, max(0.1, deadline.remaining() - SLOT_CHANGE_MARGIN_S)))
         except (StoreError, OcpcError) as exc:
             log.warning("could not mark %s current: %s", key, exc)

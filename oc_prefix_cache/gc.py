@@ -19,7 +19,8 @@ ocpc writes five kinds of file in the slot folder, each with its own rule:
 
 Heads and project heads share one size cap, parked conversations have their own; each is
 trimmed least recently used first. What is never deleted, whatever the settings: any other
-name, anything that is not a regular file (a symlink is never followed), and a current key.
+name, anything that is not a regular file (a symlink is never followed), and a current key
+(while a running ocpc has seen its slot in the last three days: ``STALE_CURRENT_S``).
 A corrupt index, or a slot folder that cannot be listed, turns cleanup off for the run:
 without the index we cannot tell what is current; without the listing (a disk not mounted)
 every entry would look like a deleted file.
@@ -47,6 +48,11 @@ GB = 10**9  # decimal, like disk vendors and df -H
 PART_MAX_AGE = HOUR  # a save in progress is never that old: its mtime moves as it is written
 DOCTOR_MAX_AGE = 600.0  # ocpc doctor deletes its probe within seconds; this one was left behind
 PROJ_ORPHAN_AGE = DAY  # a project head lives one day; without an entry nothing can use it
+# A current key protects its file while some running ocpc has seen its slot within this long
+# (a daemon or proxy writes that at least hourly, store.UsageLog.alive). A key of a port or a
+# slot no longer in use then stops pinning a GB-sized head over the cap; the file itself is
+# then judged by its kind's rules (a head used within the TTL stays).
+STALE_CURRENT_S = 3 * DAY
 
 Action = Literal["keep", "delete"]
 Kind = Literal["head", "proj", "conv", "part", "doctor"]
@@ -90,6 +96,7 @@ class GcPlan:
     bytes_on_disk: int  # ocpc's files only
     bytes_after: int
     applied: bool = False  # True once run_gc has deleted and saved (not for a dry run)
+    stale_current: tuple[str, ...] = ()  # current keys no running ocpc has seen lately (dropped on apply)
 
     @property
     def to_delete(self) -> tuple[Decision, ...]:
@@ -132,7 +139,8 @@ def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str 
         kept = tuple(_decide(f, "keep", "disabled", "cleanup is off this run", f.mtime) for f in ours)
         return GcPlan(kept, ignored, (), (), why, (), total, total)
 
-    view = _IndexView.of(index)
+    stale = stale_current(index, now)
+    view = _IndexView.of(index, stale=stale)
     present = {f.name for f in files}  # any kind: a symlinked entry is not "missing"
     missing = tuple(sorted(k for k, e in index.entries.items() if e.file not in present))
     heads = [f for f in ours if name_kind(f.name) == "head" and f.name in view.keys_of]
@@ -149,7 +157,17 @@ def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str 
     kept_total = sum(d.bytes for d in decided.values() if d.action == "keep")
     orphans = tuple(f.name for f in ours if name_kind(f.name) in FINISHED and f.name not in view.keys_of)
     return GcPlan(tuple(decided[f.name] for f in ours), ignored, orphans, missing, None,
-                  tuple(warnings), total, kept_total)
+                  tuple(warnings), total, kept_total, stale_current=stale)
+
+
+def stale_current(index: Index, now: float) -> tuple[str, ...]:
+    """Slot keys of ``index.current`` that no running ocpc has seen for ``STALE_CURRENT_S``.
+
+    A key with no date yet (an index from before ``current_seen``) is not stale: gc dates it
+    when it applies a plan, so it gets the same three days from then.
+    """
+    seen = index.current_seen
+    return tuple(sorted(slot for slot in index.current if slot in seen and now - seen[slot] > STALE_CURRENT_S))
 
 
 def _why_disabled(index: Index | None, index_error: str | None, listing_error: str | None) -> str | None:
@@ -171,13 +189,14 @@ class _IndexView:
     slots_of: dict[str, list[str]]  # key -> slots it is current in
 
     @classmethod
-    def of(cls, index: Index) -> _IndexView:
+    def of(cls, index: Index, *, stale: Collection[str] = ()) -> _IndexView:
         keys_of: dict[str, list[str]] = {}
         for key, entry in index.entries.items():
             keys_of.setdefault(entry.file, []).append(key)
         slots_of: dict[str, list[str]] = {}
         for slot, key in sorted(index.current.items()):
-            slots_of.setdefault(key, []).append(slot)
+            if slot not in stale:
+                slots_of.setdefault(key, []).append(slot)
         return cls(index, keys_of, slots_of)
 
     def entries(self, f: DiskFile) -> list[Entry]:
@@ -376,7 +395,7 @@ def run_gc(settings: Settings, *, dry_run: bool, now: float | None = None) -> Gc
         plan, index, files = _plan_now(settings, store, now)
         if plan.disabled is not None or index is None:
             return plan
-        return _apply(plan, index, {f.name: f for f in files}, settings, store)
+        return _apply(plan, index, {f.name: f for f in files}, settings, store, now)
 
 
 def _plan_now(settings: Settings, store: Store, now: float) -> tuple[GcPlan, Index | None, list[DiskFile]]:
@@ -418,9 +437,9 @@ def _live_doctor_pids(files: Iterable[DiskFile]) -> frozenset[int]:
 
 
 def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Settings,
-           store: Store) -> GcPlan:
+           store: Store, now: float) -> GcPlan:
     """Delete what the plan says, re-checking each file first; then drop its entries."""
-    current = set(index.current.values())
+    current = {key for slot, key in index.current.items() if slot not in plan.stale_current}
     decisions, warnings, gone = list[Decision](), list(plan.warnings), set[str]()
     for d in plan.decisions:
         if d.action == "delete":
@@ -437,9 +456,15 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
                 d = replace(d, action="keep", rule="skipped", reason=why)
         decisions.append(d)
     drop = set(plan.missing) | {k for k, e in index.entries.items() if e.file in gone}
-    if drop:
+    undated = [slot for slot in index.current if slot not in index.current_seen]
+    if drop or plan.stale_current or undated:
         for key in drop:
             index.entries.pop(key, None)
+        for slot in plan.stale_current:
+            index.current.pop(slot, None)
+            index.current_seen.pop(slot, None)
+        for slot in undated:
+            index.current_seen[slot] = int(now)
         try:
             store.save(index)
         except StoreError as exc:

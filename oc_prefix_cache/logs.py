@@ -1,12 +1,39 @@
-"""Logging for the long-running parts: one line per event, to stderr and a rotating file."""
+"""Logging for the long-running parts: one line per event, to stderr and a rotating file.
+
+Messages carry strings a client chose (a session id from ``metadata.user_id``, a conversation
+key, a model name, a path): a newline in one would start a forged line ("... ERROR ..."), so
+every message is escaped to one line (``OneLine``). A traceback, which is ours, stays as it is.
+"""
 
 from __future__ import annotations
 
 import logging
 import logging.handlers
+import re
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# C0 controls, DEL, C1 controls and the Unicode line and paragraph separators
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control character escaped (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                             else f"\\u{ord(m.group()):04x}"), text)
+
+
+class OneLine(logging.Formatter):
+    """A formatter whose message is always one line (see the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.msg, record.args
+        record.msg, record.args = one_line(record.getMessage()), None
+        try:
+            return super().format(record)
+        finally:
+            record.msg, record.args = saved
 
 
 def setup_logging(path: Path, *, verbose: bool = False) -> None:
@@ -18,5 +45,5 @@ def setup_logging(path: Path, *, verbose: bool = False) -> None:
         logging.handlers.RotatingFileHandler(path, maxBytes=5_000_000, backupCount=2),
     ]
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(FORMAT))
+        handler.setFormatter(OneLine(FORMAT))
         root.addHandler(handler)

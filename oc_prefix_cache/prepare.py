@@ -264,6 +264,9 @@ class Preparer:
         uses to the index when due."""
         try:
             self._observe(self.settings.slot)
+            n_slots = self.broker.slots_known()
+            if n_slots is not None:  # its slots exist: gc keeps their current files (store.UsageLog.alive)
+                self.usage.alive(self.server, n_slots)
         except OcpcError:
             pass  # down or restarting: the next look tells
         self._reclaim_leases()

@@ -412,11 +412,13 @@ class ResolvedServer:
 
 
 def resolve_server(settings: Settings, *, explicit: str | None, explicit_source: str = "--server") -> ResolvedServer:
-    """The llama-server ``status`` and ``doctor`` should look at, and why.
+    """The llama-server ``status``, ``doctor``, ``install``, the daemon and the proxy use, and why.
 
     First match: an explicit URL (``--server`` or OC_PREFIX_CACHE_BASE_URL), the server
-    the running daemon keeps warm, the one live ``ocpc launch``, else the default. Without
-    this, ``ocpc launch --port 9000`` is followed by a status of the default port's server.
+    the running daemon keeps warm, the one live ``ocpc launch``, the one llama-server process
+    running here, a llama-server answering on a usual port (8080, 9931), else the default,
+    saying so. Without this, ``ocpc launch --port 9000`` is followed by a status of the default
+    port's server, and an install for a server on 9931 pointed OpenCode at 8080.
     """
     if explicit:
         return ResolvedServer(url=explicit.rstrip("/"), why=f"given by {explicit_source}")
@@ -432,7 +434,64 @@ def resolve_server(settings: Settings, *, explicit: str | None, explicit_source:
         return ResolvedServer(url=settings.base_url,
                               why=f"the default: {len(live)} ocpc launch servers run (ports {ports}); "
                                   "pick one with --server")
-    return ResolvedServer(url=settings.base_url, why="the default: no ocpc daemon or ocpc launch is running")
+    running = local_servers()
+    if len(running) == 1:
+        (pid, url), = running.items()
+        return ResolvedServer(url=url, why=f"a llama-server process (pid {pid}) listens there")
+    if running:
+        urls = ", ".join(sorted(set(running.values())))
+        return ResolvedServer(url=settings.base_url,
+                              why=f"the default: {len(running)} llama-server processes run ({urls}); "
+                                  "pick one with --server")
+    for port in PROBE_PORTS:
+        url = f"http://127.0.0.1:{port}"
+        if _answers_health(url):
+            return ResolvedServer(url=url, why=f"a llama-server answers /health on port {port}")
+    return ResolvedServer(url=settings.base_url,
+                          why=f"the default (llama-server's own without --port): no ocpc daemon, ocpc launch or "
+                              f"llama-server found running; pass --server to choose (ports tried: "
+                              f"{', '.join(map(str, PROBE_PORTS))})")
+
+
+# Where a llama-server listens when nothing says: b11434's default, and the default upstream
+# announced it moves to.
+PROBE_PORTS = (DEFAULT_PORT, 9931)
+
+
+def local_servers() -> dict[int, str]:
+    """pid -> URL of each local llama-server process, from its --host/--port flags (or
+    LLAMA_ARG_HOST/LLAMA_ARG_PORT); a router's children (llama-servers it started) left out."""
+    found = {}
+    processes = dict(_llama_processes())
+    for pid, argv in processes.items():
+        if _parent(pid) in processes:
+            continue  # a router's child: the router's own URL is the one to use
+        env = _environ(pid) or {}
+        port = flag_value(argv, ("--port",)) or env.get("LLAMA_ARG_PORT") or str(DEFAULT_PORT)
+        host = flag_value(argv, ("--host",)) or env.get("LLAMA_ARG_HOST") or "127.0.0.1"
+        if host in ("0.0.0.0", "::", "[::]", "localhost"):
+            host = "127.0.0.1"  # listening everywhere: loopback reaches it
+        if port.isdigit():
+            found[pid] = f"http://{host}:{int(port)}"
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _answers_health(url: str) -> bool:
+    """Whether ``url`` answers like llama-server's /health (ok, or 503 while loading)."""
+    try:
+        response = httpx.get(f"{url}/health", timeout=httpx.Timeout(0.5, connect=0.3))
+        data = response.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return response.status_code in (200, 503) and isinstance(data, dict) and ("status" in data or "error" in data)
 
 
 def daemon_server_url(settings: Settings, *, timeout: float = 2.0) -> str | None:

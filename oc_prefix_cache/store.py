@@ -10,11 +10,12 @@ Format: docs/index-format.md.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,13 @@ from .errors import IndexCorrupt, LockTimeout, StoreError
 from .files import file_lock, write_atomic
 from .slotfile import kind_of
 
+log = logging.getLogger("ocpc.store")
+
 INDEX_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 had heads only; its entries read as kind "head"
+# Version 1 had heads only; its entries read as kind "head". A newer version reads too: what
+# this ocpc knows of it is read, the rest is kept as it was (an upgrade and a downgrade share
+# one index; an unknown field is not corruption).
+OLDEST_VERSION = 1
 KINDS = ("head", "proj", "conv")
 
 
@@ -48,27 +54,65 @@ class Entry:
     expires: int = 0  # unix seconds after which the file is useless (proj: the end of its day); 0 never
     text_chars: int = 0  # conv: characters of the rendered prompt its tokens cover (0: unknown)
     text_xxh64: str = ""  # conv: digest of that text, so a request that starts with it tokenizes only the rest
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields of another ocpc version, kept
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: value for name, value in asdict(self).items() if name != "extra"}
+        return {**self.extra, **data}
+
+
+_ENTRY_FIELDS = frozenset(f.name for f in fields(Entry)) - {"extra"}
+_INDEX_FIELDS = frozenset({"version", "entries", "current", "current_seen"})
 
 
 @dataclass
 class Index:
     entries: dict[str, Entry] = field(default_factory=dict)
     current: dict[str, str] = field(default_factory=dict)  # slot key -> fingerprint
+    # slot key -> unix seconds a running ocpc last saw that slot on its server: a key no ocpc
+    # has seen for days (a port or a slot count no longer in use) stops protecting its file
+    current_seen: dict[str, int] = field(default_factory=dict)
+    version: int = INDEX_VERSION  # a newer ocpc's number is kept, so it never reads as older
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # another version's top-level fields
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": INDEX_VERSION,
-            "entries": {fp: asdict(e) for fp, e in sorted(self.entries.items())},
+            **self.extra,
+            "version": max(self.version, INDEX_VERSION),
+            "entries": {fp: e.to_json() for fp, e in sorted(self.entries.items())},
             "current": dict(sorted(self.current.items())),
+            "current_seen": dict(sorted(self.current_seen.items())),
         }
+
+    def mark_current(self, slot: str, key: str, *, now: int | None = None) -> None:
+        self.current[slot] = key
+        self.current_seen[slot] = int(time.time()) if now is None else now
+
+    def server_alive(self, server: str, n_slots: int, *, now: int) -> list[str]:
+        """A running ocpc sees ``server`` with ``n_slots`` slots: its keys are fresh, and the keys
+        of its slots that no longer exist (``-np 4`` -> ``-np 1``) are dropped. Returns those."""
+        gone = []
+        for slot in list(self.current):
+            parsed = parse_slot_key(slot)
+            if parsed is None or parsed[0] != server.rstrip("/"):
+                continue
+            if parsed[1] >= n_slots:
+                gone.append(slot)
+                self.current.pop(slot)
+                self.current_seen.pop(slot, None)
+            else:
+                self.current_seen[slot] = now
+        return gone
 
     @classmethod
     def from_json(cls, data: Any, *, source: str) -> Index:
-        if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
-            raise IndexCorrupt(f"{source}: not an ocpc index of version {' or '.join(map(str, READABLE_VERSIONS))}")
+        version = data.get("version") if isinstance(data, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool) or version < OLDEST_VERSION:
+            raise IndexCorrupt(f"{source}: not an ocpc index (no version {OLDEST_VERSION} or later)")
         entries_raw, current_raw = data.get("entries"), data.get("current", {})
-        if not isinstance(entries_raw, dict) or not isinstance(current_raw, dict):
-            raise IndexCorrupt(f"{source}: 'entries' and 'current' must be objects")
+        seen_raw = data.get("current_seen", {})
+        if not all(isinstance(v, dict) for v in (entries_raw, current_raw, seen_raw)):
+            raise IndexCorrupt(f"{source}: 'entries', 'current' and 'current_seen' must be objects")
         entries: dict[str, Entry] = {}
         for fp, raw in entries_raw.items():
             entry = _entry(raw, fp, source)
@@ -76,15 +120,22 @@ class Index:
                 raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc {entry.kind} file")
             entries[fp] = entry
         current = {str(k): str(v) for k, v in current_raw.items()}
-        return cls(entries=entries, current=current)
+        seen = {str(k): v for k, v in seen_raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+        extra = {k: v for k, v in data.items() if k not in _INDEX_FIELDS}
+        return cls(entries=entries, current=current, current_seen=seen, version=version, extra=extra)
 
 
 def _entry(raw: Any, fp: str, source: str) -> Entry:
-    """One entry, with every field of the type the dataclass says, or IndexCorrupt."""
+    """One entry, with every field of the type the dataclass says, or IndexCorrupt.
+
+    Fields this ocpc does not know (written by another version) are kept as they are; a
+    missing field that has a default takes it; a missing one without (the file) is corrupt.
+    """
     if not isinstance(raw, dict):
         raise IndexCorrupt(f"{source}: entry {fp!r} is not an object")
+    known = {k: v for k, v in raw.items() if k in _ENTRY_FIELDS}
     try:
-        entry = Entry(**raw)
+        entry = Entry(**known, extra={k: v for k, v in raw.items() if k not in _ENTRY_FIELDS})
     except TypeError as exc:
         raise IndexCorrupt(f"{source}: entry {fp!r} is malformed ({exc})") from exc
     for name, kind in (("file", str), ("bytes", int), ("prefix_tokens", int), ("created", int),
@@ -102,6 +153,12 @@ def _entry(raw: Any, fp: str, source: str) -> Entry:
 def slot_key(base_url: str, slot: int) -> str:
     """How ``current`` names a slot: the server URL and the slot id."""
     return f"{base_url.rstrip('/')}#slot{slot}"
+
+
+def parse_slot_key(key: str) -> tuple[str, int] | None:
+    """``slot_key``'s (server URL, slot id), or None for a key in another form."""
+    url, sep, slot = key.rpartition("#slot")
+    return (url, int(slot)) if sep and slot.isdigit() else None
 
 
 class Store:
@@ -153,6 +210,9 @@ class Store:
 
 
 
+ALIVE_EVERY_S = 3600.0  # how often a running ocpc writes that its server's slots still exist
+
+
 class UsageLog:
     """Uses of files (restores and hits), noted in memory, written to the index rarely.
 
@@ -168,7 +228,9 @@ class UsageLog:
         self._guard = threading.Lock()
         self._used: dict[str, int] = {}  # key -> unix seconds of the latest use
         self._current: dict[str, str] = {}  # slot key -> file key now in that slot
+        self._alive: tuple[str, int] | None = None  # (server, slots) seen running since the last flush
         self._last_flush = time.monotonic()
+        self._last_alive = float("-inf")
 
     def note(self, key: str, *, slot: str | None = None, when: int | None = None) -> None:
         with self._guard:
@@ -176,19 +238,32 @@ class UsageLog:
             if slot is not None:
                 self._current[slot] = key
 
+    def alive(self, server: str, n_slots: int) -> None:
+        """The server answers with ``n_slots`` slots: its current keys are written fresh (at least
+        every ``ALIVE_EVERY_S``, even with no use), so gc never takes them for a gone server's."""
+        with self._guard:
+            self._alive = (server, n_slots)
+
     def due(self) -> bool:
         with self._guard:
-            return bool(self._used or self._current) and time.monotonic() - self._last_flush >= self.interval
+            now = time.monotonic()
+            if self._alive is not None and now - self._last_alive >= ALIVE_EVERY_S:
+                return True
+            return bool(self._used or self._current) and now - self._last_flush >= self.interval
 
     def flush(self, *, timeout: float | None = 10.0) -> None:
         """Write the noted uses (entries that no longer exist are skipped); StoreError on failure."""
         with self._guard:
-            used, current = dict(self._used), dict(self._current)
+            used, current, alive = dict(self._used), dict(self._current), self._alive
             self._used.clear()
             self._current.clear()
+            self._alive = None
             self._last_flush = time.monotonic()
-        if not used and not current:
+            if alive is not None:
+                self._last_alive = self._last_flush
+        if not used and not current and alive is None:
             return
+        now = int(time.time())
 
         def change(index: Index) -> None:
             for key, when in used.items():
@@ -197,7 +272,10 @@ class UsageLog:
                     entry.last_used = when
             for slot, key in current.items():
                 if key in index.entries:
-                    index.current[slot] = key
+                    index.mark_current(slot, key, now=now)
+            if alive is not None:
+                for slot in index.server_alive(*alive, now=now):
+                    log.info("%s no longer exists on its server: its current mark is dropped", slot)
 
         try:
             self.store.update(change, timeout=timeout)
@@ -207,4 +285,6 @@ class UsageLog:
                     self._used[key] = max(self._used.get(key, 0), when)
                 for slot, key in current.items():
                     self._current.setdefault(slot, key)
+                if alive is not None and self._alive is None:
+                    self._alive = alive
             raise

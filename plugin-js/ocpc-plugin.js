@@ -17,7 +17,7 @@ import { readFileSync, promises as fsp } from "node:fs";
 
 // Not exported (OpenCode would take it for a plugin function); `ocpc --version` and doctor
 // read it from this file's text, and the init log line carries it.
-const OCPC_PLUGIN_VERSION = "0.3.0";
+const OCPC_PLUGIN_VERSION = "0.3.1";
 
 // Shared across module copies (a global and a project plugin folder may both load this
 // file), so a provider's fetch is never wrapped twice.
@@ -419,10 +419,12 @@ function parseAnswer(text) {
 // Report: read the server's reuse counts from a copy of the answer, in the background.
 
 // The report is pending in `reports` from the tee until it is delivered (or given up).
-// `ended` turns true when OpenCode's copy of the answer ends: the flush below runs before
-// OpenCode's reader sees the end, so any request OpenCode builds after reading this answer
-// finds the report pending and waits for it (waitForReports). Another request's answer
-// that is still streaming (a parallel session) is not waited for.
+// OpenCode's copy of the answer ends only once the report is delivered, at most
+// reportTimeoutMs later: `opencode run` exits as soon as it has read the answer, and a
+// report still in flight then was lost (the daemon never learned the turn). The wait is one
+// loopback POST, and it is the wait the next prepare would make anyway (waitForReports,
+// which still covers a report given up on). Another request's answer that is still
+// streaming (a parallel session) is not waited for.
 function observeUsage(response, prepared, init, settings, log, reports) {
   if (!prepared?.fingerprint || !canObserve(response)) return response;
   const fingerprint = prepared.fingerprint;
@@ -433,8 +435,9 @@ function observeUsage(response, prepared, init, settings, log, reports) {
   const [forOpenCode, forUs] = response.body.tee();
   const entry = { ended: false, settled: null };
   const markEnded = new TransformStream({
-    flush() {
+    async flush() {
       entry.ended = true;
+      await within(entry.settled, settings.reportTimeoutMs);
     },
   });
   const copy = new Response(forOpenCode.pipeThrough(markEnded), {
@@ -479,6 +482,19 @@ async function waitForReports(reports, signal, settings, log) {
   } finally {
     clearTimeout(timer);
     signal?.removeEventListener?.("abort", onAbort);
+  }
+}
+
+// Waits for `promise` (never rejects here) or `ms`, whichever comes first.
+async function within(promise, ms) {
+  let timer = null;
+  const bound = new Promise((resolve) => {
+    timer = setTimeout(resolve, ms);
+  });
+  try {
+    await Promise.race([Promise.resolve(promise).catch(() => {}), bound]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from oc_prefix_cache.gc import (
     DAY,
     HOUR,
+    STALE_CURRENT_S,
     DiskFile,
     GcPlan,
     _still_deletable,
@@ -120,6 +121,31 @@ def test_a_current_fingerprint_is_kept_by_every_rule_cap_included() -> None:
     (d,) = p.decisions
     assert (d.action, d.rule, d.reason) == ("keep", "current", f"current fingerprint of {SLOT0}")
     assert p.warnings and "never deleted" in p.warnings[0] and p.bytes_after == 500
+
+
+def test_a_current_key_no_running_ocpc_has_seen_for_days_stops_protecting_its_file() -> None:
+    """A port or slot no longer in use pinned its GB-sized head for ever, over the cap; now only
+    while some ocpc has seen the slot in the last three days (an undated key counts as fresh)."""
+    files = [disk(A, size=500), disk(B, size=500), disk(C, size=500)]
+    index = index_of({A: 1, B: 1, C: 1}, {SLOT0: A, "http://127.0.0.1:9931#slot1": B, "http://old:1#slot0": C})
+    index.current_seen = {SLOT0: int(NOW - 3600), "http://old:1#slot0": int(NOW - STALE_CURRENT_S - 60)}
+    p = plan(files, index, cap=1000)
+    assert p.stale_current == ("http://old:1#slot0",)
+    assert by_name(p)[name(A)] == ("keep", "current") and by_name(p)[name(B)] == ("keep", "current")
+    assert by_name(p)[name(C)] == ("delete", "cap")
+
+
+def test_run_gc_drops_stale_current_keys_and_dates_undated_ones(tmp_path: Path) -> None:
+    s = make_settings(tmp_path)
+    put(s, name(A), days_old=1)
+    put(s, name(B), days_old=1)
+    index = index_of({A: 1, B: 1}, {SLOT0: A, "http://old:1#slot0": B})
+    index.current_seen = {"http://old:1#slot0": int(NOW - 4 * DAY)}
+    store_of(s).save(index)
+    p = run_gc(s, dry_run=False, now=NOW)
+    after = store_of(s).load()
+    assert p.stale_current == ("http://old:1#slot0",) and p.to_delete == ()  # B is used within the TTL
+    assert after.current == {SLOT0: A} and after.current_seen == {SLOT0: int(NOW)}
 
 
 def test_a_current_fingerprint_without_an_entry_is_still_kept() -> None:

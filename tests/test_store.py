@@ -18,7 +18,7 @@ from oc_prefix_cache.gates import (
     served_from_head,
 )
 from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
-from oc_prefix_cache.store import Entry, Index, Store
+from oc_prefix_cache.store import Entry, Index, Store, UsageLog
 
 
 def make_store(tmp_path: Path) -> Store:
@@ -46,7 +46,8 @@ def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index-")] == []
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"version": 3, "entries": {}}', '{"version": 1, "entries": []}',
+@pytest.mark.parametrize("text", ["{", "[]", '{"version": 0, "entries": {}}', '{"version": "2", "entries": {}}',
+                                  '{"version": 2, "entries": {}, "current_seen": []}', '{"version": 1, "entries": []}',
                                   '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
                                   '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
                                   ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
@@ -64,6 +65,42 @@ def test_corrupt_index_is_refused_and_left_as_it_was(tmp_path: Path, text: str) 
     with pytest.raises(IndexCorrupt):
         store.update(lambda index: None)
     assert (tmp_path / "index.json").read_text() == text
+
+
+def test_an_index_of_another_ocpc_version_reads_and_keeps_what_it_does_not_know(tmp_path: Path) -> None:
+    """A newer ocpc's fields (in an entry, at the top) are not corruption: read what we know, write
+    the rest back as it was, and never lower the version number. Before, any unknown field made the
+    whole index corrupt: the parks were lost and gc was off."""
+    fp = "0123456789abcdef"
+    newer = {"version": 3, "rollout": {"a": 1},
+             "entries": {fp: {**{k: v for k, v in entry(fp).to_json().items() if k != "chain"},
+                              "tier": "ssd", "chunks": [1, 2]}},
+             "current": {"http://x#slot0": fp}}
+    (tmp_path / "index.json").write_text(json.dumps(newer))
+    store = make_store(tmp_path)
+    index = store.load()
+    assert index.entries[fp].file == f"oc-prefix-{fp}.bin" and index.entries[fp].chain == []
+    store.update(lambda ix: setattr(ix.entries[fp], "last_used", 99))
+    data = json.loads((tmp_path / "index.json").read_text())
+    assert data["version"] == 3 and data["rollout"] == {"a": 1}
+    assert data["entries"][fp]["tier"] == "ssd" and data["entries"][fp]["chunks"] == [1, 2]
+    assert data["entries"][fp]["last_used"] == 99 and data["current"] == {"http://x#slot0": fp}
+
+
+def test_a_running_ocpc_dates_its_slots_and_drops_the_ones_its_server_no_longer_has(tmp_path: Path) -> None:
+    """-np 4 -> -np 1: the keys of slots 1-3 pinned their heads for ever; now the daemon that sees
+    the server with one slot drops them, and dates the one it has (another server's keys stay)."""
+    store = make_store(tmp_path)
+    index = Index(entries={f"{i:016x}": entry(f"{i:016x}") for i in range(5)},
+                  current={**{f"http://a:1#slot{i}": f"{i:016x}" for i in range(4)}, "http://b:2#slot3": f"{4:016x}"})
+    store.save(index)
+    usage = UsageLog(store)
+    usage.alive("http://a:1", 1)
+    assert usage.due()
+    usage.flush()
+    after = store.load()
+    assert after.current == {"http://a:1#slot0": f"{0:016x}", "http://b:2#slot3": f"{4:016x}"}
+    assert set(after.current_seen) == {"http://a:1#slot0"} and not usage.due()
 
 
 def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
