@@ -457,6 +457,45 @@ def status(
 
 
 @app.command()
+def stats(
+    days: Annotated[int, typer.Option(help="How many days back, today included.", min=1)] = 7,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    png: Annotated[Path | None, typer.Option(help="Also draw the days as a PNG here (needs matplotlib).")] = None,
+) -> None:
+    """What the cache saved, per day and harness: prompt tokens not re-processed, and the prefill
+    time that is at the server's own measured speed (from ocpc's bounded event log)."""
+    import time
+
+    from .stats import chart, gather, total
+
+    with edge():
+        settings = Settings.from_env()
+        data = gather(settings.log_dir, days=days, now=time.time())
+        if png is not None:
+            try:
+                chart(data, png)
+            except ImportError as exc:
+                raise OcpcError(f"--png needs matplotlib ({exc}): pip install 'oc-prefix-cache[bench]'") from exc
+        if as_json:
+            print_json(data.to_json())
+            return
+        from rich.table import Table
+
+        table = Table(title=f"ocpc stats, last {days} day(s)", title_justify="left")
+        for name in ("day", "harness", "requests", "reused", "saved", "processed", "ocpc's own", "time saved"):
+            table.add_column(name, justify="left" if name in ("day", "harness") else "right")
+        for row in (*data.rows, total(data.rows)):
+            seconds = "?" if row.saved_s is None else f"{row.saved_s:,.0f} s"
+            table.add_row(row.day, row.harness, f"{row.requests:,}", f"{row.reused:,}", f"{row.saved:,}",
+                          f"{row.processed:,}", f"{row.ocpc_prefill:,}", seconds)
+        console = Console(highlight=False)
+        console.print(table)
+        speeds = ", ".join(f"{url} {tok_s:,.0f} tok/s" for url, tok_s in data.speed_tok_s.items())
+        console.print(f"saved: reused from ocpc's files (plain llama-server would process them); "
+                      f"prefill speed measured: {speeds or 'not yet'}" + (f"; chart: {png}" if png else ""))
+
+
+@app.command()
 def doctor(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

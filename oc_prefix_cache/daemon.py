@@ -154,7 +154,7 @@ class Daemon:
         lower = {k.lower(): v for k, v in headers.items()}
         broker = self.preparer.broker
         if lower.get("x-ocpc-pin") != "1" or broker.n_slots() <= 1:
-            return self.preparer.prepare(raw, headers, deadline=deadline).to_json()
+            return self.preparer.prepare(raw, headers, deadline=deadline, harness="opencode").to_json()
         taken = broker.take(self._ask(raw, lower, broker.n_slots()), deadline=deadline)
         if taken.hold is None:
             broker.give_back(taken)
@@ -162,7 +162,7 @@ class Daemon:
             return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
         try:
             with taken.hold.inside():
-                result = self.preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline)
+                result = self.preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
         except BaseException:
             broker.give_back(taken)  # prepare never raises; if it ever does, the slot is not left held
             raise
@@ -330,6 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
             cache_n, prompt_n = data["cache_n"], data["prompt_n"]
             prepare_id = data.get("prepare_id") or ""
             predicted_n = data.get("predicted_n")
+            prompt_ms = data.get("prompt_ms")  # plugin 0.3.1
+            if not isinstance(prompt_ms, (int, float)) or isinstance(prompt_ms, bool) or prompt_ms < 0:
+                prompt_ms = None
             if not isinstance(fp, str) or not isinstance(prepare_id, str) or not all(
                     isinstance(v, int) and not isinstance(v, bool) and v >= 0
                     for v in (cache_n, prompt_n, 0 if predicted_n is None else predicted_n)):
@@ -339,7 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad report: {exc}"})
             return
         self._send(HTTPStatus.OK, self.server.daemon.report(
-            fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n, prepare_id=prepare_id, predicted_n=predicted_n))
+            fingerprint=fp, cache_n=cache_n, prompt_n=prompt_n, prepare_id=prepare_id, predicted_n=predicted_n,
+            prompt_ms=prompt_ms))
 
     def _park(self, raw: bytes) -> None:
         """Park the live conversations before the server stops (`ocpc park`, systemd ExecStop)."""

@@ -36,6 +36,7 @@ from .conversation import Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, SlotFileError, StoreError
+from .events import Event, EventLog
 from .executor import Contended, Done, Executor, GateFailed, Prefix
 from .families import CacheFacts
 from .fingerprint import ServerIdentity, server_key
@@ -48,7 +49,7 @@ from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .ramcache import RamLimit, RamModel
 from .server_info import LoraMemo, flag_value, gather_identity, process_start, server_command
 from .settings import Settings
-from .slot_client import SlotClient
+from .slot_client import SlotClient, Timings
 from .slotfile import read_header, slot_filename
 from .standdown import StandDown, StoodDown
 from .store import Index, Store, UsageLog, slot_key
@@ -94,6 +95,8 @@ class _Record:
     file: str  # the file restored or saved ("" for hits)
     planned_split: bool
     stored: int  # tokens of the longest prefix of the slot's contents already in a file
+    source: str = ""  # what the request reuses (PrepareResult.source)
+    harness: str = ""  # the request's User-Agent product, for the event log
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class Preparer:
         self.tracker = tracker or SlotTracker(lock_dir=settings.home)
         self.planner = planner or HeadPlanner()
         self.usage = UsageLog(store)
+        self.events = EventLog(settings.log_dir)
+        client.on_evaluate = self._own_prefill
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
                                  on_saved=self._gc_soon)
         park_cap = None if settings.park_max_gb is None else round(settings.park_max_gb * 1e9)
@@ -179,12 +184,13 @@ class Preparer:
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
                 deadline: Deadline | None = None, session: str | None = None,
-                head_of: HeadRule | None = None) -> PrepareResult:
+                head_of: HeadRule | None = None, harness: str | None = None) -> PrepareResult:
         """Make ``slot`` ready for the chat-completions body ``raw``; never raises.
 
         ``session``: the conversation's id when the caller knows it (a harness adapter),
         else the ``x-session-id`` header. ``head_of``: the harness's rule for the stable
         head (default: tools + first system text before the earliest configured marker).
+        ``harness``: the front door's name for the agent (the event log's), else its User-Agent.
         """
         started = time.perf_counter()
         lower = {k.lower(): v for k, v in headers.items()}
@@ -214,11 +220,13 @@ class Preparer:
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
             result.prepare_id = self._unrecorded_id()
+        self._label(result.prepare_id, harness or harness_of(lower.get("user-agent", "")))
         self._log(result)
         return result
 
     def report(self, *, fingerprint: str, cache_n: int, prompt_n: int, prepare_id: str = "",
-               predicted_n: int | None = None) -> dict[str, Any]:
+               predicted_n: int | None = None, prompt_ms: float | None = None,
+               door: str = "plugin") -> dict[str, Any]:
         """Learn from the real request: did it reuse what was prepared for it?
 
         Served: bind the slot's new state (the request and its reply) to the conversation,
@@ -252,11 +260,31 @@ class Preparer:
                 log.warning("real request after %s reused %d of the %d tokens prepared (%s); %s",
                             record.action, cache_n, record.expected, record.fingerprint,
                             "its file proves itself again next time" if record.file else "slot state forgotten")
+        at = time.time()
         report = {"fingerprint": fingerprint, "cache_n": cache_n, "prompt_n": prompt_n,
-                  "verdict": verdict, "at": time.time(), "prepare_id": prepare_id}
+                  "verdict": verdict, "at": at, "prepare_id": prepare_id}
         with self._guard:
             self.stats.last_report = report
+        self._event(Event(at=at, door=door, server=self.server, slot=record.slot if record else -1,
+                          harness=record.harness if record else "", action=record.action if record else "unknown",
+                          source=record.source if record else "", cache_n=cache_n, prompt_n=prompt_n,
+                          prompt_ms=prompt_ms))
         return dict(report)
+
+    def _event(self, event: Event) -> None:
+        """Into the event log (``ocpc stats``, ``ocpc top``); a failed write fails nothing."""
+        try:
+            self.events.write(event)
+        except OSError as exc:
+            self._count("event_log_failed")
+            log.debug("event log: %s", exc)
+
+    def _own_prefill(self, slot: int, timings: Timings) -> None:
+        """ocpc's own evaluation (a warm, a park's or project head's tail): a cost in the event log."""
+        if timings.prompt_n > 0:
+            self._event(Event(at=time.time(), door="ocpc", server=self.server, slot=slot, harness="ocpc",
+                              action="prefill", source="", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
+                              prompt_ms=timings.prompt_ms))
 
     def watch(self) -> None:
         """Between requests (the daemon and the proxy call this every second): notice restarts
@@ -840,7 +868,8 @@ class Preparer:
                 conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,
                 source: str) -> PrepareResult:
         prepare_id = self._keep(_Record(slot=slot, epoch=epoch, action=action, fingerprint=fp, expected=expected,
-                                        conversation=conversation, file=file, planned_split=split, stored=stored))
+                                        conversation=conversation, file=file, planned_split=split, stored=stored,
+                                        source=source))
         self._count(f"source:{source}")
         return PrepareResult(action, fp, expected, reason=reason, tools_in_head=tools_in_head,
                              prepare_id=prepare_id, source=source)
@@ -854,6 +883,12 @@ class Preparer:
             while len(self._records) > MAX_RECORDS:
                 self._records.popitem(last=False)
         return prepare_id
+
+    def _label(self, prepare_id: str, harness: str) -> None:
+        with self._guard:
+            record = self._records.get(prepare_id)
+            if record is not None:
+                self._records[prepare_id] = replace(record, harness=harness)
 
     def _unrecorded_id(self) -> str:
         """The id of a prepare that recorded nothing (skipped, failed). Why: the plugin reports

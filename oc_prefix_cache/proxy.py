@@ -48,6 +48,8 @@ from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
 from .errors import OcpcError
+from .harness.aider import AiderAdapter
+from .harness.cline import ClineAdapter
 from .harness import (Adapter, ClaudeCodeAdapter, CodexAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter,
                       QwenCodeAdapter, select)
 from .head import MAX_BODY_BYTES, Head, Skip
@@ -167,7 +169,7 @@ class Proxy:
         self._client: Upstream | None = None
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
         self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=settings.normalisations_off), PiAdapter(),
-                          CodexAdapter(off=settings.normalisations_off), QwenCodeAdapter())
+                          CodexAdapter(off=settings.normalisations_off), QwenCodeAdapter(), AiderAdapter(), ClineAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()
@@ -294,6 +296,7 @@ class Proxy:
                 return plan
             with plan.taken.hold.inside():
                 plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
+                                                    harness=request.adapter.name,
                                                     session=request.session, head_of=request.adapter.head)
         except BaseException:
             self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
@@ -418,7 +421,8 @@ class Proxy:
             if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
                 verdict = self.preparer.report(fingerprint=result.fingerprint or "", cache_n=learned.cache_n,
                                                prompt_n=learned.prompt_n or 0, prepare_id=result.prepare_id,
-                                               predicted_n=learned.predicted_n)
+                                               predicted_n=learned.predicted_n, prompt_ms=learned.prompt_ms,
+                                               door="proxy")
                 self.counters.add(f"report:{verdict['verdict']}")
             elif result is not None and result.prepare_id:
                 self.counters.add("report:none")  # cancelled, failed or no timings in the answer

@@ -36,6 +36,7 @@ class Learned:
     cache_n: int | None = None
     prompt_n: int | None = None
     predicted_n: int | None = None
+    prompt_ms: float | None = None
 
 
 class Watcher:
@@ -176,6 +177,8 @@ def learn(tail: bytes) -> Learned | None:
     except ValueError:
         return None
     if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        ms = timings.get("prompt_ms")
         return Learned(cache_n=timings["cache_n"], prompt_n=timings.get("prompt_n"),
-                       predicted_n=timings.get("predicted_n"))
+                       predicted_n=timings.get("predicted_n"),
+                       prompt_ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None)
     return None

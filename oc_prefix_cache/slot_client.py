@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -75,6 +76,8 @@ class SlotClient:
         # and not when a transport is given (tests count calls through it).
         self._fast = (parts.hostname or "", parts.port or 80) if parts.scheme == "http" and transport is None else None
         self._local = threading.local()
+        # told of every evaluation's timings (ocpc's own prefills: the event log counts them)
+        self.on_evaluate: Callable[[int, Timings], None] | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -194,7 +197,10 @@ class SlotClient:
         body = {"prompt": tokens, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
         timeout = self.timeouts.prefill if prefill else self.timeouts.probe
         timeout = self._changing(timeout, deadline, f"evaluate {len(tokens)} tokens in slot {slot}")
-        return Timings.from_response(self._json("POST", "/completion", json=body, timeout=timeout))
+        timings = Timings.from_response(self._json("POST", "/completion", json=body, timeout=timeout))
+        if self.on_evaluate is not None:
+            self.on_evaluate(slot, timings)
+        return timings
 
     # -- slot actions --------------------------------------------------------------------
     def save(self, slot: int, filename: str, *, deadline: Deadline | None = None) -> dict[str, Any]:

@@ -583,7 +583,8 @@ function countsFromChunk(chunk) {
     : isCount(usage?.completion_tokens) ? usage.completion_tokens : null;
   const withGenerated = (counts) => (generated === null ? counts : { ...counts, predicted_n: generated });
   if (isCount(timings?.cache_n) && isCount(timings?.prompt_n)) {
-    return withGenerated({ cache_n: timings.cache_n, prompt_n: timings.prompt_n, source: "timings" });
+    const ms = Number.isFinite(timings.prompt_ms) && timings.prompt_ms >= 0 ? { prompt_ms: timings.prompt_ms } : {};
+    return withGenerated({ cache_n: timings.cache_n, prompt_n: timings.prompt_n, ...ms, source: "timings" });
   }
   const cached = usage?.prompt_tokens_details?.cached_tokens;
   if (isCount(usage?.prompt_tokens) && isCount(cached) && cached <= usage.prompt_tokens) {
@@ -601,6 +602,7 @@ async function sendReport(fingerprint, prepareId, counts, settings, log) {
   const timer = setTimeout(() => controller.abort(), settings.reportTimeoutMs);
   const payload = { fingerprint, cache_n: counts.cache_n, prompt_n: counts.prompt_n };
   if (counts.predicted_n !== undefined) payload.predicted_n = counts.predicted_n;
+  if (counts.prompt_ms !== undefined) payload.prompt_ms = counts.prompt_ms;
   if (prepareId) payload.prepare_id = prepareId;
   try {
     const response = await globalThis.fetch(`${settings.daemonUrl}/v1/report`, {

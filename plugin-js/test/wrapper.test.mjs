@@ -343,7 +343,7 @@ test("happy path: prepare, byte-identical forward, complete stream, report", asy
   assert.equal(await res.text(), llama.state.sent);
 
   const report = await waitFor(() => daemon.state.reports[0]);
-  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3 });
+  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3, prompt_ms: 17.1 });
   assert.equal(report.headers.authorization, undefined);
 
   const lines = await waitForLog(logFile, (l) => l.ev === "report");
@@ -367,7 +367,7 @@ test("a non-stream JSON answer is parsed for the report and passed on whole", as
   const res = await fetch(chatUrl(), chatInit());
   assert.deepEqual(await res.json(), JSON_ANSWER);
   const report = await waitFor(() => daemon.state.reports[0]);
-  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 100, prompt_n: 7, predicted_n: 3 });
+  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 100, prompt_n: 7, predicted_n: 3, prompt_ms: 17.1 });
 });
 
 test("the Python daemon's framing (body ends with the connection) works", async () => {
@@ -379,7 +379,7 @@ test("the Python daemon's framing (body ends with the connection) works", async 
     assertForwardedIdentical();
     assert.equal(await res.text(), llama.state.sent);
     const report = await waitFor(() => python.state.reports[0]);
-    assert.deepEqual(report, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3 });
+    assert.deepEqual(report, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3, prompt_ms: 17.1 });
   } finally {
     await stop(python);
   }
@@ -566,7 +566,7 @@ test("the daemon's prepare_id comes back in the report", async () => {
   daemon.state.behaviour = daemonBehaviours.good({ ...GOOD_ANSWER, prepare_id: "p-42" });
   await (await fetch(chatUrl(), chatInit())).text();
   const report = await waitFor(() => daemon.state.reports[0]);
-  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3, prepare_id: "p-42" });
+  assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3, prompt_ms: 17.1, prepare_id: "p-42" });
   await waitForLog(logFile, (l) => l.ev === "prepare" && l.prepare_id === "p-42");
 });
 
@@ -577,7 +577,7 @@ test("a prepare_id that is not a non-empty string is left out of the report", as
     daemon.state.reports = [];
     await (await fetch(chatUrl(), chatInit())).text();
     const report = await waitFor(() => daemon.state.reports[0]);
-    assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3 });
+    assert.deepEqual(report.json, { fingerprint: "fp-abc123", cache_n: 7978, prompt_n: 25, predicted_n: 3, prompt_ms: 17.1 });
   }
 });
 
