@@ -457,6 +457,32 @@ def status(
 
 
 @app.command()
+def top(
+    ctx: typer.Context,
+    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
+                                               help=_SERVER_HELP)] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between redraws.", min=0.2)] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one snapshot as JSON and exit.")] = False,
+    once: Annotated[bool, typer.Option("--once", help="Draw one screen and exit.")] = False,
+) -> None:
+    """A live view of each slot (what it holds, what ocpc does to it now), the last requests with
+    what served them, and the disk against its caps. Ctrl-C quits."""
+    from .server_info import resolve_server
+    from .top import render, run, snapshot
+
+    with edge():
+        settings = Settings.from_env()
+        url = resolve_server(settings, explicit=server, explicit_source=_server_source(ctx)).url
+        if as_json:
+            print_json(snapshot(settings, url))
+            return
+        if once:
+            Console(highlight=False).print(render(snapshot(settings, url)))
+            return
+        run(lambda: snapshot(settings, url), interval=interval)
+
+
+@app.command()
 def stats(
     days: Annotated[int, typer.Option(help="How many days back, today included.", min=1)] = 7,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

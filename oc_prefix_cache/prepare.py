@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,7 @@ class Preparer:
         self._guard = threading.Lock()
         self._gc_queued_at: float | None = None
         self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._in_flight: dict[int, dict[str, Any]] = {}  # slot -> what a prepare is doing there (_doing)
         self._seq = 0
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
@@ -383,6 +385,7 @@ class Preparer:
                 "last_report": self.stats.last_report,
                 "tracker": self.tracker.snapshot().get(self.server, {}),
                 "stood_down": self.stood_down(),
+                "doing": {str(slot): dict(doing) for slot, doing in sorted(self._in_flight.items())},
             }
 
     # -- the flow ----------------------------------------------------------------------
@@ -484,8 +487,10 @@ class Preparer:
             seen = self._park_occupant(seen, slot, server=facts.server, identity=facts.identity, deadline=deadline)
             parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
                       f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
-        loaded = self._carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
-                                 server=facts.server, deadline=deadline, ram_tokens=ram_tokens)
+        tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(action.target, 0)
+        with self._doing(slot, f"{action.kind} {action.target}", tokens):
+            loaded = self._carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
+                                     server=facts.server, deadline=deadline, ram_tokens=ram_tokens)
         if action.save_project and facts.project is not None:
             loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.project, server=facts.server,
                                         identity=facts.identity, deadline=deadline)
@@ -518,6 +523,19 @@ class Preparer:
         return self._answer("hit", holding.head, holding.n_tokens, "same conversation: the slot still holds it",
                             slot=slot, epoch=seen.epoch, conversation=conversation, file="", split=False,
                             tools_in_head=None, stored=holding.stored, source="slot")
+
+    @contextmanager
+    def _doing(self, slot: int, what: str, tokens: int) -> Iterator[None]:
+        """What a prepare is doing to ``slot`` now (``status()``'s ``doing``: ``ocpc top`` shows a
+        long restore or warm with its expected time, from the restores measured so far)."""
+        expected = self.executor.costs.seconds_for(tokens) if what.startswith("restore") and tokens else None
+        with self._guard:
+            self._in_flight[slot] = {"what": what, "since": time.time(), "tokens": tokens, "expected_s": expected}
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._in_flight.pop(slot, None)
 
     def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
                    project: str | None, server: ServerIdentity, deadline: Deadline, ram_tokens: int = 0) -> _Loaded:
