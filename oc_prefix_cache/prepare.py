@@ -447,7 +447,11 @@ class Preparer:
             return self._stand_down(server.cache.restores_serve)
         identity = server_key(server, ocpc_version=__version__)
         harness = harness_of(headers.get("user-agent", ""))
-        continuing = any(m.get("role") == "assistant" for m in body.messages)
+        # a harness's fixed preamble (Aider's example exchange and repo map, through the head's
+        # project_tail when that is a whole message) holds assistant messages that are no turns
+        preamble = next((i + 1 for i, m in enumerate(body.messages)
+                         if head.project_tail and message_text(m) == head.project_tail), 0)
+        continuing = any(m.get("role") == "assistant" for m in body.messages[preamble:])
         system = message_text(body.messages[0]) if body.messages else None
         if continuing:  # its park may be being written right now, by whoever took its slot
             self._await_park(conversation, slot, deadline=deadline)

@@ -50,6 +50,7 @@ from .deadline import Deadline
 from .errors import OcpcError
 from .harness.aider import AiderAdapter
 from .harness.cline import ClineAdapter
+from .harness.kilo_code import KiloCodeAdapter
 from .harness import (Adapter, ClaudeCodeAdapter, CodexAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter,
                       QwenCodeAdapter, select)
 from .head import MAX_BODY_BYTES, Head, Skip
@@ -168,8 +169,9 @@ class Proxy:
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
         self._client: Upstream | None = None
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
-        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=settings.normalisations_off), PiAdapter(),
-                          CodexAdapter(off=settings.normalisations_off), QwenCodeAdapter(), AiderAdapter(), ClineAdapter())
+        off = settings.normalisations_off
+        self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=off), PiAdapter(),
+                          CodexAdapter(off=off), QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()

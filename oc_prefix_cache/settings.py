@@ -231,7 +231,8 @@ def _markers(raw: str) -> tuple[str, ...]:
     return markers
 
 
-ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "generic"})
+ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "kilo-code", "aider",
+                           "cline", "generic"})
 
 
 #: Every body normalisation an adapter may make (docs/harnesses.md says what each does and costs).

@@ -6,19 +6,22 @@ normalised, where its stable head ends and which conversation a request belongs 
 
 from __future__ import annotations
 
+from .aider import AiderAdapter
 from .base import Adapter, Incoming, select
 from .claude_code import ClaudeCodeAdapter
+from .cline import ClineAdapter
 from .codex import CodexAdapter
 from .generic import GenericAdapter
+from .kilo_code import KiloCodeAdapter
 from .opencode import OpenCodeAdapter
 from .pi import PiAdapter
 from .qwen_code import QwenCodeAdapter
 
 DEFAULT_ADAPTERS: tuple[Adapter, ...] = (OpenCodeAdapter(), ClaudeCodeAdapter(), PiAdapter(), CodexAdapter(),
-                                         QwenCodeAdapter())
+                                         QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter())
 NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
 
 __all__ = [
-    "DEFAULT_ADAPTERS", "NAMES", "Adapter", "ClaudeCodeAdapter", "CodexAdapter", "GenericAdapter", "Incoming",
-    "OpenCodeAdapter", "PiAdapter", "QwenCodeAdapter", "select",
+    "DEFAULT_ADAPTERS", "NAMES", "Adapter", "AiderAdapter", "ClaudeCodeAdapter", "ClineAdapter", "CodexAdapter",
+    "GenericAdapter", "Incoming", "KiloCodeAdapter", "OpenCodeAdapter", "PiAdapter", "QwenCodeAdapter", "select",
 ]

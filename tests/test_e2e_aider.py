@@ -1,0 +1,108 @@
+"""End to end: the real Aider 0.86.2 (`aider --message`, litellm's `openai/` provider), `ocpc proxy` as a
+real process, and a real llama-server (tiny hybrid model, every reply ending at once). Aider sends no
+tools: its head is the system text alone, its project head runs through its fixed messages (the
+format's examples, the repo map, the chat-files note). Two sessions in project A, one in project B,
+one after a server restart: every first request after the first restores the head or the project
+head, and a new session in a project it has seen processes only its last message: the typed text and
+the edit format's reminder that Aider appends after it (~190 tokens, about a quarter of its small
+prompt, so not the 2% of the agents whose prompts are large and whose typed text comes last).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
+
+pytestmark = pytest.mark.rig
+
+VERSION = "0.86.2"
+CAPTURE = Path(__file__).parent / "data" / f"aider-{VERSION}" / "A1.json"
+
+
+def pip_install(package: str, folder: Path, binary: Path) -> Path:
+    """A harness from PyPI, installed once into its own venv under the rig cache folder (fails loudly)."""
+    if not binary.exists():
+        fits = [sys.executable] if (3, 10) <= sys.version_info[:2] < (3, 13) else []
+        pythons = fits + [p for p in map(shutil.which, ("python3.12", "python3.11", "python3.10")) if p]
+        assert pythons, f"Python 3.10-3.12 is needed to install {package} for the end-to-end test"
+        subprocess.run([pythons[0], "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
+        subprocess.run([str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
+                       check=True, capture_output=True, timeout=1800)
+    assert binary.exists(), f"{package} did not provide {binary}"
+    return binary
+
+
+@pytest.fixture
+def aider_bin() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"aider-{VERSION}"
+    return pip_install(f"aider-chat=={VERSION}", folder, folder / "bin" / "aider")
+
+
+def run_aider(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> str:
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    args = ["--model", "openai/local-model", "--openai-api-base", f"{proxy_url}/v1", "--openai-api-key", "dummy",
+            "--no-auto-commits", "--yes-always", "--no-check-update", "--no-show-model-warnings",
+            "--analytics-disable", "--no-show-release-notes", "--no-gitignore", "--no-pretty", "--no-fancy-input",
+            "--message", prompt]
+    proc = subprocess.run([str(binary), *args], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"aider failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def last_message_tokens(server_url: str) -> int:
+    """Tokens of the captured session's last message (the typed text "say ok" and the reminder)."""
+    body = json.loads(CAPTURE.read_text())["body_json"]
+    content = body["messages"][-1]["content"]
+    assert content.startswith("say ok\n\n")
+    response = httpx.post(f"{server_url}/tokenize", json={"content": content}, timeout=30)
+    response.raise_for_status()
+    return len(response.json()["tokens"])
+
+
+def test_aider_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, aider_bin: Path,
+                                                                      tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_aider(aider_bin, tmp_path / "aider-home", project, proxy.url, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}"
+            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    firsts = [row for row in rows if row["request"] == 1]
+    assert all(row["adapter"] == "aider" and row["path"].startswith("/v1/chat/completions") for row in rows), rows
+    assert firsts[0]["action"] == "warmed", firsts[0]
+    for row in firsts[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
+    last = last_message_tokens(server.url)
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
+        print(f"{session}: processed {processed} of {first_prompt} ({processed / first_prompt:.1%}); "
+              f"its last message is {last} tokens")
+        assert processed <= last + 16, (session, processed, last, first_prompt, rows)  # its last message only
+    assert not any(k.startswith("fail_open") for k in counters), counters

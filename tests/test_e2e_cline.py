@@ -1,0 +1,90 @@
+"""End to end: the real Cline CLI 3.0.65 binary (`cline "say ok"`), `ocpc proxy` as a real process, and a
+real llama-server (tiny hybrid model, every reply ending at once). Cline speaks chat completions
+through the AI SDK's OpenAI-compatible provider (`cline auth -p openai -b <proxy>/v1`). Two sessions
+in project A, one in project B, one after a server restart: every first request after the first
+restores the head or the project head, and a new session in a project it has seen processes at most
+2% of the first session's prompt tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+
+pytestmark = pytest.mark.rig
+
+VERSION = "3.0.65"
+
+
+@pytest.fixture
+def cline_bin() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"cline-{VERSION}"
+    return npm_install(f"cline@{VERSION}", folder, folder / "node_modules" / ".bin" / "cline")
+
+
+def cline_env(home: Path) -> dict[str, str]:
+    # local backend: by default Cline starts a detached hub daemon that outlives the command
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
+            "CLINE_SESSION_BACKEND_MODE": "local", "CLINE_NO_AUTO_UPDATE": "1"}
+
+
+def cline_home(binary: Path, home: Path, proxy_url: str) -> Path:
+    """A HOME whose Cline provider is the proxy (OpenAI compatible), as `cline auth` writes it."""
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([str(binary), "auth", "-p", "openai", "-k", "dummy", "-m", "local-model", "-b",
+                           f"{proxy_url}/v1"], cwd=home, env=cline_env(home), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, f"cline auth failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert (home / ".cline" / "data" / "settings" / "providers.json").exists()
+    return home
+
+
+def run_cline(binary: Path, home: Path, project: Path, prompt: str) -> str:
+    """One session. The tiny model's reply is empty (it ends at once), which Cline reports as an error
+    and exit status 1 after the request was answered: that one failure is expected here."""
+    proc = subprocess.run([str(binary), prompt], cwd=project, env=cline_env(home), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    empty = proc.returncode == 1 and "Model returned empty response" in proc.stdout + proc.stderr
+    assert proc.returncode == 0 or empty, f"cline failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_cline_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, cline_bin: Path,
+                                                                      tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        home = cline_home(cline_bin, tmp_path / "cline-home", proxy.url)
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_cline(cline_bin, home, project, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}"
+            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    firsts = [row for row in rows if row["request"] == 1]
+    assert all(row["adapter"] == "cline" and row["path"].startswith("/v1/chat/completions") for row in rows), rows
+    assert firsts[0]["action"] == "warmed", firsts[0]
+    for row in firsts[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
+        assert processed <= 0.02 * first_prompt, (session, processed, first_prompt, rows)
+    assert not any(k.startswith("fail_open") for k in counters), counters

@@ -1,0 +1,95 @@
+"""End to end: the real Kilo Code CLI 7.7.9 binary (`kilo run`), `ocpc proxy` as a real process, and a
+real llama-server (tiny hybrid model, every reply ending at once). Kilo speaks chat completions to
+an OpenAI-compatible provider in its `kilo.json`. Two sessions in project A, one in project B (with
+an AGENTS.md), one after a server restart: every session's first request after the first restores
+the head or the project head, and a new session in a project it has seen processes at most 2% of
+the first session's prompt tokens (its typed text and the environment part after it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+
+pytestmark = pytest.mark.rig
+
+VERSION = "7.7.9"  # the newest Linux binary on npm (@kilocode/cli@7.8.1's was not published there)
+
+
+@pytest.fixture
+def kilo_bin() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"kilocode-cli-{VERSION}"
+    return npm_install(f"@kilocode/cli-linux-x64@{VERSION}", folder,
+                       folder / "node_modules" / "@kilocode" / "cli-linux-x64" / "bin" / "kilo")
+
+
+def kilo_home(home: Path, proxy_url: str) -> Path:
+    """A HOME whose global kilo.json names the proxy as an OpenAI-compatible provider."""
+    config = home / ".config" / "kilo"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "kilo.json").write_text(json.dumps({
+        "$schema": "https://app.kilo.ai/config.json",
+        "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "local",
+                               "options": {"baseURL": f"{proxy_url}/v1", "apiKey": "dummy"},
+                               "models": {"local-model": {"name": "local-model"}}}},
+        "model": "local/local-model"}))
+    return home
+
+
+def run_kilo(binary: Path, home: Path, project: Path, prompt: str) -> str:
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
+           "KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_MODELS_FETCH": "1", "KILO_DISABLE_SHARE": "1",
+           "KILO_DISABLE_SESSION_INGEST": "1"}
+    proc = subprocess.run([str(binary), "run", prompt], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    # the tiny model's reply is empty (END_AT_ONCE), which Kilo reports as an error after the turn
+    empty = proc.returncode == 1 and "the model returned no output" in proc.stdout + proc.stderr
+    assert proc.returncode == 0 or empty, f"kilo failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_kilo_code_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, kilo_bin: Path,
+                                                                          tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n",
+                                                   "AGENTS.md": "# B rules\nUse tabs for indentation.\n"})}
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        home = kilo_home(tmp_path / "home", proxy.url)
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_kilo(kilo_bin, home, project, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}"
+            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    # each run's agent requests (with tools: a head); a title request, if one comes, has none
+    turns = [row for row in rows if row["prefix_tokens"]]
+    firsts = [next(row for row in turns if row["session"] == name) for name in ("A1", "A2", "B1", "A3 after restart")]
+    assert all(row["path"] == "/v1/chat/completions" for row in rows), rows
+    assert firsts[0]["action"] == "warmed", firsts[0]
+    for row in firsts[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in turns if r["session"] == "A1")
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in turns if r["session"] == session)
+        print(f"{session}: processed {processed} of the first session's {first_prompt} prompt tokens")
+        assert processed <= 0.02 * first_prompt, (session, processed, first_prompt, rows)
+    assert not any(k.startswith("fail_open") for k in counters), counters
+    # last, so that a proxy without the adapter registered still shows the numbers above
+    assert all(row["adapter"] == "kilo-code" for row in turns), rows
