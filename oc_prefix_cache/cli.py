@@ -238,17 +238,19 @@ def demo(
         render_demo(data, model_path.name, Console())
 
 
-HARNESS_HELP = ("Which agent to wire: opencode (the plugin), claude-code (its settings' env -> the proxy) "
-                "or pi (a models.json provider -> the proxy).")
+HARNESS_HELP = ("Which agent to wire: opencode (the plugin), claude-code (its settings' env -> the proxy), "
+                "pi (a models.json provider -> the proxy) or kilo-code (a kilo.json provider -> the proxy).")
 
 
 def _config_path(config: Path | None, project: bool, harness: str = "opencode") -> Path:
     """The config file to edit: --config, else where the harness reads it (its own
     variables, CLAUDE_CONFIG_DIR and PI_CODING_AGENT_DIR, included)."""
-    from .install import claude_code, opencode, pi
+    from .install import claude_code, kilo_code, opencode, pi
 
     if config is not None:
         return config
+    if harness == "kilo-code":
+        return kilo_code.default_config_path(project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
     if harness == "claude-code":
         return claude_code.default_config_path(project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
     if harness == "pi":
@@ -286,7 +288,7 @@ def install(
         help="Output token limit for a newly added model (OpenCode, pi).")] = None,
 ) -> None:
     """Wire a harness to ocpc (default OpenCode: the plugin, and a provider if needed). Idempotent."""
-    from .install import claude_code, pi
+    from .install import claude_code, kilo_code, pi
     from .install import install as install_opencode
 
     with edge():
@@ -305,6 +307,9 @@ def install(
         elif harness == "pi":
             said = pi.install(settings, config_path=path, provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
                               model=model or "local", output_limit=output_limit)
+        elif harness == "kilo-code":
+            said = kilo_code.install(settings, config_path=path, output_limit=output_limit, model=model or "local",
+                                     provider_id=provider_id or kilo_code.DEFAULT_PROVIDER_ID)
         else:
             chosen = _chosen_server(settings, base_url, source="--base-url")
             print(f"llama-server: {chosen.url} ({chosen.why})")

@@ -123,13 +123,14 @@ class Executor:
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self, prefix: Prefix, plan: HeadPlan, slot: int, *, prove: bool, before: Observation, epoch: int,
-                deadline: Deadline, witnessed: bool = False) -> Done:
+                deadline: Deadline, witnessed: bool = False, by_request: bool = False) -> Done:
         """Restore ``prefix``'s file behind the gates.
 
         Heads and project heads must hold exactly the planned tokens; a park holds whatever
         its conversation had reached, which must be a strict prefix of this request's tokens.
         ``witnessed``: ocpc watches the server's process, so a restart is noticed without a
-        task in the slot (see below).
+        task in the slot (see below). ``by_request``: no probe (there is no request yet: a warm
+        start); the first real request's report proves the restore, as it does a park's.
         """
         path = self.slot_dir / slot_filename(prefix.key, prefix.kind)
         try:
@@ -152,7 +153,7 @@ class Executor:
         # see below: without the process as witness, a task must follow a restore on a fresh server
         fresh = before.id_task is None and not witnessed
         prove = prove or fresh
-        if prefix.kind == "conv" and not fresh:
+        if (prefix.kind == "conv" or by_request) and not fresh:
             # A park is this conversation's own exact prefix, under this server's identity,
             # checked token for token against the request and by digest: its reuse is proven
             # by the real request itself (its report), so no probe. Unless the server is fresh

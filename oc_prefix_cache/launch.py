@@ -188,6 +188,7 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
             _write_runtime(settings, port, server.pid, binary, argv, url)
             daemon = Daemon(settings=settings, server_url=url, server_binary=binary)
             daemon.start()
+            warm_in_background(daemon.preparer, say=say)
             proxy = start_proxy(settings, daemon, say=say)
             said_proxy = f", ocpc proxy on {proxy.url}" if proxy else ""
             say(f"ready: llama-server pid {server.pid}, ocpc daemon on {daemon.url}{said_proxy}; Ctrl-C stops all")
@@ -211,6 +212,17 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
 
 
 PARK_ON_STOP_S = 10.0  # a graceful stop waits at most this long for parks
+WARM_START_S = 300.0  # a warm start gives up after this long (a request waits on the slot meanwhile)
+
+
+def warm_in_background(preparer: Preparer, *, say: Callable[[str], None], seconds: float = WARM_START_S) -> None:
+    """Restore what each slot held last before the first request asks (Preparer.warm_start): a
+    request that comes meanwhile waits for its slot, within its own deadline, and finds it warm."""
+    def work() -> None:
+        for line in preparer.warm_start(deadline=Deadline.after(seconds)):
+            say(f"warm start: {line}")
+
+    threading.Thread(target=work, name="ocpc-warm-start", daemon=True).start()
 
 
 def park_before_stop(preparer: Preparer, *, skip: threading.Event, say: Callable[[str], None],

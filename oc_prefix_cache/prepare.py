@@ -55,6 +55,7 @@ from .slotfile import read_header, slot_filename
 from .standdown import StandDown, StoodDown
 from .store import Index, Store, UsageLog, slot_key
 from .tracker import Holding, Seen, SlotTracker
+from .warmstart import Pick, choose
 
 log = logging.getLogger("ocpc.prepare")
 
@@ -361,6 +362,56 @@ class Preparer:
             log.info("park before stop, slot %d: %s", slot, item["why"])
             out.append(item)
         return out
+
+    def warm_start(self, *, deadline: Deadline) -> list[str]:
+        """Restore into each idle slot the head or project head it held last (warmstart.py), so
+        the first request after a (re)start finds it in place (its prepare answers ``hit``).
+        Each slot under its lock; one line per slot for the caller to print. Never raises."""
+        try:
+            if self.stood_down():
+                return [f"not warmed: ocpc stands down on this server ({self.stood_down()})"]
+            self._server_argv()  # finds the server's process: the witness a restore without a task needs
+            if not self._witnessed():
+                return ["not warmed: ocpc cannot watch the server's process (a restore then needs a probe, "
+                        "and a probe needs a request's tokens)"]
+            server = self._identity(deadline)
+            if server.cache.restores_serve:
+                return [f"not warmed: {server.cache.restores_serve}"]
+            picks, said = choose(self.store.load(), server=self.server, n_slots=self.broker.n_slots(),
+                                 model=server.model_path, build=server.build)
+        except OcpcError as exc:
+            return [f"not warmed: {exc}"]
+        for pick in picks:
+            said.append(f"slot {pick.slot}: {self._warm_one(pick, deadline)}")
+        return said
+
+    def _warm_one(self, pick: Pick, deadline: Deadline) -> str:
+        started = time.perf_counter()
+        path = self.settings.slot_dir / pick.entry.file
+        try:
+            with self.tracker.slot_lock(self.server, pick.slot, deadline=deadline):
+                seen = self._observe(pick.slot, deadline=deadline)
+                if seen.holding is not None or seen.now.busy or seen.now.id_task is not None:
+                    return "not warmed: a request came first"
+                tokens = tuple(read_header(path).tokens)
+                head = pick.entry.head or pick.key
+                plan = HeadPlan(fingerprint=head, tokens=tokens, request_tokens=tokens, prompt="",
+                                tools_in_head=True, harness=pick.entry.harness, split=False)
+                with self._doing(pick.slot, f"warm start {pick.entry.kind}", len(tokens)):
+                    done = self.executor.restore(Prefix(pick.entry.kind, pick.key, tokens), plan, pick.slot,
+                                                 prove=False, before=seen.now, epoch=seen.epoch, deadline=deadline,
+                                                 witnessed=True, by_request=True)
+                now = self.executor.observe(pick.slot, deadline=deadline)
+                self.tracker.leave(self.server, pick.slot, Holding(
+                    kind=pick.entry.kind, key=pick.key, head=head, n_tokens=len(done.tokens), exact=True, left=now,
+                    stored=len(done.tokens)), epoch=seen.epoch)
+                self.usage.note(pick.key, slot=slot_key(self.server, pick.slot))
+                self._count("warm_start")
+        except (OcpcError, SlotFileError) as exc:
+            self._count("warm_start_failed")
+            return f"not warmed: {exc}"
+        return (f"{pick.why}: restored {len(done.tokens):,} tokens in {(time.perf_counter() - started) * 1000:.0f} ms "
+                "(the first request's report proves it)")
 
     def stood_down(self) -> str | None:
         """Why ocpc stands down on this server process (restores cannot serve), or None.

@@ -9,7 +9,9 @@ the first session's prompt tokens (its typed text and the environment part after
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +33,16 @@ def kilo_bin() -> Path:
                        folder / "node_modules" / "@kilocode" / "cli-linux-x64" / "bin" / "kilo")
 
 
-def kilo_home(home: Path, proxy_url: str) -> Path:
-    """A HOME whose global kilo.json names the proxy as an OpenAI-compatible provider."""
-    config = home / ".config" / "kilo"
-    config.mkdir(parents=True, exist_ok=True)
-    (config / "kilo.json").write_text(json.dumps({
-        "$schema": "https://app.kilo.ai/config.json",
-        "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "local",
-                               "options": {"baseURL": f"{proxy_url}/v1", "apiKey": "dummy"},
-                               "models": {"local-model": {"name": "local-model"}}}},
-        "model": "local/local-model"}))
+def kilo_home(home: Path, proxy_url: str, ocpc_home: Path) -> Path:
+    """A HOME whose global kilo.json names the proxy as a provider, written by `ocpc install --harness
+    kilo-code` (and undone byte for byte by `ocpc uninstall` at the end of the test)."""
+    (home / ".config" / "kilo").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "OC_PREFIX_CACHE_HOME": str(ocpc_home), "OC_PREFIX_CACHE_PROXY_PORT": proxy_url.rsplit(":", 1)[1]}
+    done = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "install", "--harness", "kilo-code",
+                           "--model", "local-model"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "added Kilo provider 'ocpc'" in done.stdout, done.stdout
     return home
 
 
@@ -64,7 +66,7 @@ def test_kilo_code_sessions_are_served_from_the_head_and_the_project_head(llama_
                                                    "AGENTS.md": "# B rules\nUse tabs for indentation.\n"})}
     rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        home = kilo_home(tmp_path / "home", proxy.url)
+        home = kilo_home(tmp_path / "home", proxy.url, tmp_path / "ocpc")
         for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
                                        ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
             if restart:

@@ -400,3 +400,45 @@ def test_the_new_config_has_the_users_mode_before_it_takes_the_old_ones_place(tm
     assert claude_install(config)
     assert modes and modes[0] == 0o644
     assert stat.S_IMODE(config.stat().st_mode) == 0o644
+
+
+# --- Kilo Code CLI: a provider in kilo.json ----------------------------------------------------
+
+KILO = """{
+  // my Kilo setup
+  "$schema": "https://app.kilo.ai/config.json",
+  "model": "anthropic/claude-sonnet",
+  "provider": {"ollama": {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": "http://localhost:11434/v1"}}}
+}
+"""
+
+
+def kilo_install(config: Path, *, provider_id: str = "ocpc", model: str = "qwen") -> list[str]:
+    from oc_prefix_cache.install import kilo_code
+
+    return kilo_code.install(settings(), config_path=config, provider_id=provider_id, model=model)
+
+
+def test_kilo_fresh_config_gets_the_provider_and_the_default_model_and_uninstall_removes_it(
+        isolated_home: Path) -> None:
+    config = isolated_home / "config" / "kilo" / "kilo.json"
+    result = runner.invoke(app, ["install", "--harness", "kilo-code", "--model", "qwen"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(config.read_text())
+    assert data["provider"]["ocpc"]["options"]["baseURL"] == PROXY + "/v1" and data["model"] == "ocpc/qwen"
+    assert kilo_install(config) == []  # idempotent
+    uninstall(settings(), config_path=config, harness="kilo-code")
+    assert not config.exists()
+
+
+def test_kilo_existing_config_keeps_its_model_and_comments_and_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    config = tmp_path / "kilo.json"
+    config.write_text(KILO)
+    said = kilo_install(config)
+    data = jsonc.loads(config.read_text())
+    assert data["model"] == "anthropic/claude-sonnet" and set(data["provider"]) == {"ocpc", "ollama"}
+    assert "// my Kilo setup" in config.read_text() and not any("default model" in line for line in said)
+    with pytest.raises(InstallError, match="--provider-id"):
+        kilo_install(config, provider_id="ollama")
+    uninstall(settings(), config_path=config, harness="kilo-code")
+    assert config.read_text() == KILO

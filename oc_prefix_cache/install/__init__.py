@@ -40,7 +40,7 @@ from .records import (
     write_records,
 )
 
-HARNESSES = ("opencode", "claude-code", "pi")
+HARNESSES = ("opencode", "claude-code", "pi", "kilo-code")
 
 __all__ = [
     "HARNESSES", "PLUGIN_NAME", "Edit", "InstallError", "InstallRecord", "NpmEntry", "PluginCopy", "absolute",
