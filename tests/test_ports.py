@@ -53,7 +53,8 @@ def test_install_and_the_proxy_find_a_server_on_a_port_of_its_own(llama_server: 
             except httpx.HTTPError:
                 pass
             proc.wait(timeout=0.1) if proc.poll() is not None else None
-        assert f"for llama-server {server.url} (a llama-server process" in log.read_text(), log.read_text()
+        said = " ".join(log.read_text().split())  # the console wraps its line
+        assert f"for llama-server {server.url} (a llama-server process" in said, said
     finally:
         stop_group(proc, grace=5)
 
