@@ -184,16 +184,14 @@ def proxy(
     """Serve llama-server's API on loopback with the prepare path in front (Claude Code, pi, others):
     point the agent's base URL here (docs/proxy.md)."""
     from .logs import setup_logging
-    from .proxy import Proxy
-    from .proxy_server import ProxyServer, build_preparer
+    from .proxy_server import ProxyServer, build_proxy
 
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
         chosen = _chosen_server(settings, server)
         url = chosen.url
-        runner = ProxyServer(Proxy(settings=settings, preparer=build_preparer(settings, server_url=url)),
-                             host=host, port=port, watch=True)
+        runner = ProxyServer(build_proxy(settings, server_url=url), host=host, port=port, watch=True)
         err.print(f"ocpc proxy {__version__} on {runner.url} for llama-server {url} ({chosen.why})")
         try:
             runner.serve_forever()
@@ -379,6 +377,9 @@ def paths(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
 def launch(
     ctx: typer.Context,
     model: Annotated[Path | None, typer.Option("-m", "--model", help="GGUF model (default: the rig's tiny model).")] = None,
+    models_dir: Annotated[Path | None, typer.Option(
+        "--models-dir", help="A folder of GGUF models: llama-server's router, each model loaded on demand.")] = None,
+    models_max: Annotated[int, typer.Option(help="--models-max: models loaded at once (router).")] = 1,
     port: Annotated[int, typer.Option(envvar="OCPC_SERVER_PORT", help="llama-server port.")] = 8080,
     server_bin: Annotated[Path | None, typer.Option(help="llama-server binary (else LLAMA_SERVER, PATH, rig).")] = None,
     parallel: Annotated[int, typer.Option("-np", "--parallel", help="Slots (-np). 1: one slot holds the head.")] = 1,
@@ -398,6 +399,7 @@ def launch(
     from . import launch as launcher
     from .logs import setup_logging
     from .rig import ensure_rig, find_server
+    from .families import Family
     from .server_info import model_family
     from .tinymodels import ensure_model
 
@@ -405,19 +407,31 @@ def launch(
         settings = Settings.from_env()
         host = "127.0.0.1"
         server = find_server(settings, explicit=server_bin, build_if_missing=True, progress=_progress)
-        model_path = model or ensure_model(ensure_rig(settings, progress=_progress), "qwen35", progress=_progress)
+        if model is not None and models_dir is not None:
+            raise OcpcError("-m and --models-dir are two ways to name the model: give one")
         _progress(f"llama-server: {server.path} ({server.source}, {server.version})")
         advice = launcher.build_advice(server.version)
         if advice:
             err.print(f"[yellow]note:[/yellow] {advice}", highlight=False)
-        family = model_family(str(model_path))
-        _progress(f"model: {model_path.name}, {family.label}")
         flags = launcher.cache_flags(settings=settings, host=host, port=port, parallel=parallel,
                                      checkpoint_min_step=checkpoint_min_step, ubatch=ubatch,
                                      cache_ram_mib=cache_ram, ctx_checkpoints=ctx_checkpoints)
-        flags += launcher.family_flags(family, swa_full=swa_full)
+        if models_dir is not None:
+            if not models_dir.is_dir():
+                raise OcpcError(f"--models-dir {models_dir}: not a folder")
+            model_path = models_dir
+            flags += [launcher.Flag(("--models-max",), str(models_max), "models loaded at once")]
+            # the router's flags reach every model: a full SWA cache is a no-op for the others
+            flags += launcher.family_flags(Family.SWA, swa_full=swa_full)
+            _progress(f"models: {models_dir} (llama-server's router, at most {models_max} loaded)")
+        else:
+            model_path = model or ensure_model(ensure_rig(settings, progress=_progress), "qwen35", progress=_progress)
+            family = model_family(str(model_path))
+            _progress(f"model: {model_path.name}, {family.label}")
+            flags += launcher.family_flags(family, swa_full=swa_full)
         argv, notes = launcher.build_argv(server.path, model_path, flags,
-                                          launcher.supported_options(launcher.server_help(server.path)), ctx.args)
+                                          launcher.supported_options(launcher.server_help(server.path)), ctx.args,
+                                          models_dir=models_dir is not None)
         for note in notes:
             _progress(note)
         setup_logging(settings.log_dir / "daemon.log")  # docs/operations.md points users here

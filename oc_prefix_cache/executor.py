@@ -111,7 +111,7 @@ class Executor:
         self.store = store
         self.slot_dir = slot_dir
         self.costs = SaveCosts()
-        self.server = client.base_url
+        self.server = client.server_id
         self._on_saved = on_saved  # e.g. schedule gc off the request path
 
     def observe(self, slot: int, *, deadline: Deadline | None = None) -> Observation:

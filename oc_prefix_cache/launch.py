@@ -94,9 +94,11 @@ def server_help(binary: Path) -> str:
 
 
 def build_argv(binary: Path, model: Path, flags: Sequence[Flag], supported: set[str],
-               extra: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The argv, and notes on flags this build lacks or the user overrode."""
-    argv, notes = [str(binary), "-m", str(model)], []
+               extra: Sequence[str], *, models_dir: bool = False) -> tuple[list[str], list[str]]:
+    """The argv, and notes on flags this build lacks or the user overrode. ``models_dir``:
+    ``model`` is a folder of models for llama-server's router (its flags reach every model)."""
+    argv: list[str] = [str(binary), "--models-dir" if models_dir else "-m", str(model)]
+    notes: list[str] = []
     given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("-")}
     for flag in flags:
         if given & set(flag.names):
@@ -188,8 +190,13 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
             _write_runtime(settings, port, server.pid, binary, argv, url)
             daemon = Daemon(settings=settings, server_url=url, server_binary=binary)
             daemon.start()
-            warm_in_background(daemon.preparer, say=say)
-            proxy = start_proxy(settings, daemon, say=say)
+            routed = "--models-dir" in argv
+            if routed:  # the plugin's path keeps one model: the proxy has one Preparer per model
+                say("a llama-server router: the proxy prepares each model on its own (router.py); the OpenCode "
+                    "plugin's requests go through uncached here: point OpenCode at the proxy instead")
+            else:
+                warm_in_background(daemon.preparer, say=say)
+            proxy = start_proxy(settings, daemon, say=say, routed=routed)
             said_proxy = f", ocpc proxy on {proxy.url}" if proxy else ""
             say(f"ready: llama-server pid {server.pid}, ocpc daemon on {daemon.url}{said_proxy}; Ctrl-C stops all")
             while not stop.wait(0.5):
@@ -243,17 +250,21 @@ def park_before_stop(preparer: Preparer, *, skip: threading.Event, say: Callable
     say(f"parked {len(parked)} conversation(s)" + "".join(f"; slot {r['slot']}: {r['why']}" for r in results))
 
 
-def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None]) -> ProxyServer | None:
-    """``ocpc proxy`` beside the daemon, on the daemon's Preparer: one tracker for both front doors.
+def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None],
+                routed: bool = False) -> ProxyServer | None:
+    """``ocpc proxy`` beside the daemon, on the daemon's Preparer: one tracker for both front doors
+    (``routed``: in front of a router, a Preparer per model of its own, router.py).
 
     A proxy that cannot start (its port taken) is reported and left out: the server and the daemon
     OpenCode uses go on without it.
     """
     from .proxy import Proxy
-    from .proxy_server import ProxyServer
+    from .proxy_server import ProxyServer, build_proxy
 
     try:
-        proxy = ProxyServer(Proxy(settings=settings, preparer=daemon.preparer))
+        front = build_proxy(settings, server_url=daemon.server_url) if routed else Proxy(
+            settings=settings, preparer=daemon.preparer)
+        proxy = ProxyServer(front, watch=routed)
         proxy.start()
     except (OcpcError, OSError) as exc:
         say(f"the ocpc proxy did not start: {exc}; llama-server and the daemon (OpenCode) go on without it")

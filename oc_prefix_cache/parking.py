@@ -48,7 +48,7 @@ class Parker:
         self.planner = planner
         self.executor = executor
         self.tracker = tracker
-        self.server = client.base_url.rstrip("/")
+        self.server = client.server_id
 
     def save_project(self, plan: HeadPlan, slot: int, seen: Seen, *, key: str, server: ServerIdentity,
                      identity: str, deadline: Deadline) -> Done | None:

@@ -149,7 +149,7 @@ class Preparer:
                  schedule: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.settings = settings
         self.client = client
-        self.server = client.base_url.rstrip("/")
+        self.server = client.server_id
         self.store = store
         self.tracker = tracker or SlotTracker(lock_dir=settings.home)
         self.planner = planner or HeadPlanner()
@@ -292,7 +292,11 @@ class Preparer:
     def watch(self) -> None:
         """Between requests (the daemon and the proxy call this every second): notice restarts
         early, park ahead the conversations of slots left idle (ahead.py), and write noted file
-        uses to the index when due."""
+        uses to the index when due. Behind a router, nothing here loads an unloaded model."""
+        with self.client.background():
+            self._watch()
+
+    def _watch(self) -> None:
         try:
             self._observe(self.settings.slot)
             n_slots = self.broker.slots_known()
@@ -302,9 +306,15 @@ class Preparer:
             pass  # down or restarting: the next look tells
         self._reclaim_leases()
         if not self.stood_down():
-            self.ahead.run(threshold_s=self.settings.park_ahead_s, park_min=self.settings.park_min_tokens)
+            self.ahead.run(threshold_s=self._ahead_threshold(), park_min=self.settings.park_min_tokens)
         if self.usage.due():
             self.flush_usage()
+
+    def _ahead_threshold(self) -> float | None:
+        """How long a park must take to be written ahead. Behind a router, every park is: the
+        router unloads a model without a word, so a park left for the displacement is never made."""
+        threshold = self.settings.park_ahead_s
+        return 0.0 if threshold is not None and self.client.model is not None else threshold
 
     def _reclaim_leases(self) -> None:
         """Slots lent to the plugin's requests whose report never came (an answer without timings,
@@ -378,7 +388,7 @@ class Preparer:
             if server.cache.restores_serve:
                 return [f"not warmed: {server.cache.restores_serve}"]
             picks, said = choose(self.store.load(), server=self.server, n_slots=self.broker.n_slots(),
-                                 model=server.model_path, build=server.build)
+                                 model=server.model_path, build=server.build, now=time.time())
         except OcpcError as exc:
             return [f"not warmed: {exc}"]
         for pick in picks:
@@ -446,6 +456,8 @@ class Preparer:
         look at the slot, decide (decision.py, pure) and act (executor.py, parking.py)."""
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
+        if self.client.ensure_loaded(deadline=deadline):  # behind a router: the request's model, loaded
+            self._count("router_loaded")
         hit = self._same_conversation(raw, session, slot, deadline)
         if hit is not None:
             return hit
@@ -898,6 +910,8 @@ class Preparer:
             return argv
         epoch = self.tracker.epoch(self.server)
         argv, process = server_command(self.server, runtime=self._runtime) or (None, None)
+        if self.client.model is not None:  # a router: the process found is the router's, not the model's child
+            process = None  # (a child is a new process on every load: its restarts show in its slots' task ids)
         self.tracker.set_argv(self.server, argv, epoch=epoch, process=process)
         return argv
 

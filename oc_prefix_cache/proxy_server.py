@@ -12,6 +12,7 @@ from . import __version__
 from .errors import ConfigError
 from .prepare import Preparer
 from .proxy import Proxy
+from .router import RouterProxy, is_router
 from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
 from .tracker import SlotTracker
@@ -19,24 +20,36 @@ from .tracker import SlotTracker
 log = logging.getLogger("ocpc.proxy")
 
 
-def build_preparer(settings: Settings, *, server_url: str, tracker: SlotTracker | None = None) -> Preparer:
-    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead)."""
+def build_preparer(settings: Settings, *, server_url: str, tracker: SlotTracker | None = None,
+                   model: str | None = None) -> Preparer:
+    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead); ``model``:
+    one model of a llama-server router (router.py)."""
     from .daemon import Background
     from .server_info import port_of, read_runtime
     from .store import Store
 
     port = port_of(server_url)
     background = Background()
-    return Preparer(settings=settings, client=SlotClient(server_url),
+    return Preparer(settings=settings, client=SlotClient(server_url, model=model),
                     store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
                     tracker=tracker or SlotTracker(lock_dir=settings.home), schedule=background.submit,
                     runtime=read_runtime(settings, port) if port else None)
 
 
+def build_proxy(settings: Settings, *, server_url: str) -> Proxy | RouterProxy:
+    """The proxy for ``server_url``: a ``Proxy``, or in front of a llama-server router, a
+    ``RouterProxy`` with one Proxy and Preparer per model (router.py)."""
+    if is_router(server_url):
+        log.info("%s is a llama-server router: one Preparer per model", server_url)
+        return RouterProxy(settings=settings, server_url=server_url, make=lambda model: Proxy(
+            settings=settings, preparer=build_preparer(settings, server_url=server_url, model=model)))
+    return Proxy(settings=settings, preparer=build_preparer(settings, server_url=server_url))
+
+
 class ProxyServer:
     """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
 
-    def __init__(self, proxy: Proxy, *, host: str = "127.0.0.1", port: int | None = None,
+    def __init__(self, proxy: Proxy | RouterProxy, *, host: str = "127.0.0.1", port: int | None = None,
                  watch: bool = False) -> None:
         """``watch``: run the preparer's between-requests watch (restarts, usage written to the index)
         every second, as the daemon does; for a proxy that runs without the daemon's."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,9 +67,20 @@ class Timings:
 
 
 class SlotClient:
+    """llama-server's slot API, every call bounded and its errors translated here.
+
+    ``model``: the model's id behind a llama-server **router** (``--models-dir``): every call goes
+    to the router with it (``"model"`` in a POST body, ``?model=`` on a GET) and reaches that
+    model's child server. A GET made inside ``background()`` (the watch, parks ahead) also says
+    ``autoload=false``: looking at an unloaded model must not load it (and evict another).
+    """
+
     def __init__(self, base_url: str, *, timeouts: Timeouts | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, model: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.model = model
+        # what ocpc's state is keyed by: the server, or the router and one of its models
+        self.server_id = self.base_url if model is None else f"{self.base_url}#model={model}"
         self.timeouts = timeouts or Timeouts()
         self._http = httpx.Client(base_url=self.base_url, transport=transport)
         parts = urlsplit(self.base_url)
@@ -78,6 +91,59 @@ class SlotClient:
         self._local = threading.local()
         # told of every evaluation's timings (ocpc's own prefills: the event log counts them)
         self.on_evaluate: Callable[[int, Timings], None] | None = None
+
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """Calls in this block (this thread) never load a router's model (see the class)."""
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = False
+
+    def _routed(self, method: str, path: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The path and request arguments, with the router's model when there is one."""
+        if self.model is None:
+            return path, kwargs
+        if method == "GET":
+            query = {"model": self.model} | ({"autoload": "false"} if getattr(self._local, "background", False) else {})
+            return path, kwargs | {"params": {**(kwargs.get("params") or {}), **query}}
+        return path, kwargs | {"json": {**(kwargs.get("json") or {}), "model": self.model}}
+
+    def ensure_loaded(self, *, deadline: Deadline) -> bool:
+        """Behind a router: load this client's model if it is not (what the request would make the
+        router do anyway), and wait for it within ``deadline``. True when it was loaded here. Without
+        this, ocpc's first call to an unloaded model waited for the load past its own timeout."""
+        if self.model is None:
+            return False
+        loaded = False
+        while True:
+            state = self._model_state(deadline)
+            if state == "loaded":
+                return loaded
+            if state in ("unloaded", "sleeping", None):
+                try:
+                    self._http.post("/models/load", json={"model": self.model},
+                                    timeout=self._t(self._within(self.timeouts.quick, deadline, "load the model")))
+                except httpx.HTTPError as exc:
+                    raise ServerUnreachable(f"cannot ask the router at {self.base_url} to load {self.model}: {exc}"
+                                            ) from exc
+                loaded = True
+            deadline.bound(0.1, what=f"wait for the router to load {self.model}")
+            time.sleep(0.1)
+
+    def _model_state(self, deadline: Deadline) -> str | None:
+        """The router's status of this client's model (``GET /models``: loads nothing)."""
+        try:
+            data = self._http.get("/models", timeout=self._t(self._within(self.timeouts.quick, deadline,
+                                                                          "read the router's models"))).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ServerUnreachable(f"cannot read the router's models at {self.base_url}: {exc}") from exc
+        for entry in data.get("data", []) if isinstance(data, dict) else []:
+            if isinstance(entry, dict) and (entry.get("id") == self.model or self.model in (entry.get("aliases") or [])):
+                status = entry.get("status")
+                return status.get("value") if isinstance(status, dict) else None
+        raise ServerError(f"the router at {self.base_url} has no model {self.model!r}")
 
     def close(self) -> None:
         self._http.close()
@@ -104,7 +170,7 @@ class SlotClient:
     def slots(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
         timeout = self._within(self.timeouts.quick, deadline, "read /slots")
         try:
-            if self._fast is not None:
+            if self._fast is not None and self.model is None:
                 data = json.loads(self._get_fast("/slots", timeout))
             else:
                 data = self._call("GET", "/slots", timeout=timeout).json()
@@ -287,8 +353,14 @@ class SlotClient:
 
     def _call(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> httpx.Response:
         url = f"{self.base_url}{path}"
+        path, kwargs = self._routed(method, path, kwargs)
         try:
-            response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
+            try:
+                response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
+            except httpx.RemoteProtocolError:
+                # a kept-alive connection the server had just closed (a router closes its side
+                # after proxying): the request never reached it, so once more on a fresh one
+                response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
         except httpx.TimeoutException as exc:
             raise ServerTimeout(f"{url} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:

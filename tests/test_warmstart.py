@@ -38,8 +38,11 @@ def test_each_slot_gets_its_last_head_or_project_head_or_its_parks_head() -> Non
                            old: entry("head", old, build="b0")},
                   current={f"{S}#slot0": h, f"{S}#slot1": p, f"{S}#slot2": c, f"{S}#slot3": old,
                            "http://127.0.0.1:9001#slot4": h})
-    picks, passed = choose(index, server=S, n_slots=6, model="m.gguf", build="b1")
-    assert [(x.slot, x.key) for x in picks] == [(0, h), (1, p), (2, h)]
+    picks, passed = choose(index, server=S, n_slots=6, model="m.gguf", build="b1", now=10)
+    assert [(x.slot, x.key) for x in picks] == [(0, p), (1, p), (2, p)]  # the project head cut on h
+    index.entries[p].expires = 5  # a project head of yesterday: the head alone
+    picks, _ = choose(index, server=S, n_slots=3, model="m.gguf", build="b1", now=10)
+    assert [(x.slot, x.key) for x in picks] == [(0, h), (2, h)]
     assert passed == ["slot 3: its file was written for another model or build", "slot 4: nothing recorded",
                       "slot 5: nothing recorded"]
 
