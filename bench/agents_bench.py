@@ -30,7 +30,7 @@ tokens of the answered requests: ocpc's warms and probes count against it), park
 restored, requests failed (must be 0).
 
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2,4,8,16 --window 240
-    .venv/bin/python bench/agents_bench.py --smoke          # CI: K=4 on N=2, 60 s per arm
+    .venv/bin/python bench/agents_bench.py --smoke          # CI: K=4 on N=2, 30 s per arm
     .venv/bin/python bench/agents_bench.py --json out.json --png out.png
 """
 
@@ -522,7 +522,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="CI: K=4 on N=2, 60 s per arm")
+    parser.add_argument("--smoke", action="store_true", help="CI: K=4 on N=2, 30 s per arm")
     parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
     parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
     parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
@@ -539,7 +539,7 @@ def main() -> int:
     args = parser.parse_args()
     slots = [2] if args.smoke else [int(x) for x in args.slots.split(",")]
     ks = [4] if args.smoke else [int(x) for x in args.agents.split(",")]
-    window = 60.0 if args.smoke else args.window
+    window = 30.0 if args.smoke else args.window
     settings = Settings.from_env()
     rig = ensure_rig(settings)
     model = ensure_real_model(rig, settings, "gemma3")
