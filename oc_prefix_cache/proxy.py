@@ -48,11 +48,8 @@ from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
 from .errors import OcpcError
-from .harness.aider import AiderAdapter
-from .harness.cline import ClineAdapter
-from .harness.kilo_code import KiloCodeAdapter
-from .harness import (Adapter, ClaudeCodeAdapter, CodexAdapter, GenericAdapter, Incoming, OpenCodeAdapter, PiAdapter,
-                      QwenCodeAdapter, select)
+from .harness import (Adapter, AiderAdapter, ClaudeCodeAdapter, ClineAdapter, CodexAdapter, GenericAdapter, Incoming,
+                      KiloCodeAdapter, OpenCodeAdapter, PiAdapter, QwenCodeAdapter, select)
 from .head import MAX_BODY_BYTES, Head, Skip
 from .prepare import Preparer, PrepareResult
 from .relay import (
@@ -321,8 +318,7 @@ class Proxy:
         if not isinstance(data, dict):
             self.counters.add("not_prepared:not_json")
             return Plan(path=path, body=raw, why_not="the body is not a JSON object: the server answers it")
-        incoming = Incoming(api=api, headers=headers, body=data)
-        adapter = select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
+        incoming, adapter = self._adapter_for(api, headers, data)
         if adapter.name not in self.settings.adapters:  # its harness's adapter is off: hands off its bytes
             self.counters.add("not_prepared:adapter_off")
             return Plan(path=path, body=raw, why_not=f"the {adapter.name} adapter is switched off")
@@ -360,6 +356,11 @@ class Proxy:
                         slot=asked if client_slot else None,
                         head_key=head_key(head) if isinstance(head, Head) else "")
 
+    def _adapter_for(self, api: str, headers: dict[str, str], data: dict[str, Any]) -> tuple[Incoming, Adapter]:
+        """The request as the adapters see it, and the one that recognises it (else the generic)."""
+        incoming = Incoming(api=api, headers=headers, body=data)
+        return incoming, select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
+
     def _unprepared(self, api: str, headers: dict[str, str], raw: bytes) -> bytes:
         """The bytes a request that gets no prepare is forwarded with: its harness's documented
         normalisations still apply (a raw Claude Code body has ``role: system`` entries inside its
@@ -369,8 +370,7 @@ class Proxy:
             data = json.loads(raw)
             if not isinstance(data, dict):
                 return raw
-            incoming = Incoming(api=api, headers=headers, body=data)
-            adapter = select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
+            incoming, adapter = self._adapter_for(api, headers, data)
             if adapter.name not in self.settings.adapters:
                 return raw
             body, changes = adapter.normalise(incoming)

@@ -87,8 +87,11 @@ def test_stats_match_the_servers_own_metrics_over_a_replayed_session(llama_serve
     events = list(read_events(settings.log_dir))
     processed = after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"]
     assert sum(e.prompt_n for e in events) == processed, events
-    out = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "stats", "--json"], capture_output=True,
-                         text=True, timeout=60, check=True, env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
+    png = tmp_path / "stats.png"
+    out = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "stats", "--json", "--png", str(png)],
+                         capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the chart of the day
     data = json.loads(out.stdout)
     pi = [r for r in data["rows"] if r["harness"].startswith("pi")]
     assert pi and pi[0]["requests"] == 3 and pi[0]["saved"] > 0, data

@@ -1,0 +1,79 @@
+"""End to end: the real Qwen Code 0.24.4 binary (`qwen -p`), `ocpc proxy` as a real process, and a
+real llama-server (tiny hybrid model, every reply ending at once). Qwen Code speaks chat completions
+(`OPENAI_BASE_URL`). Two sessions in project A, one in project B, one after a server restart: every
+session's first turn after the first restores the head or the project head, and a new session in a
+project it has seen processes at most 2% of the first session's prompt tokens.
+
+Each run also sends a memory-extraction request after its turn (its own system prompt): it has a
+head of its own and is left out of the bound, which is about the sessions' turns.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+
+pytestmark = pytest.mark.rig
+
+VERSION = "0.24.4"
+
+
+@pytest.fixture
+def qwen_bin() -> Path:
+    from .conftest import RIG_DIR
+
+    folder = RIG_DIR.parent / f"qwen-code-{VERSION}"
+    return npm_install(f"@qwen-code/qwen-code@{VERSION}", folder, folder / "node_modules" / ".bin" / "qwen")
+
+
+def run_qwen(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> subprocess.CompletedProcess[str]:
+    env = {"HOME": str(home), "PATH": f"{Path(binary).resolve().parent}:/usr/local/bin:/usr/bin:/bin", "TERM": "dumb",
+           "TZ": "UTC", "LANG": "C.UTF-8", "OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": "dummy",
+           "OPENAI_MODEL": "local-model"}
+    return subprocess.run([str(binary), "-p", prompt], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, qwen_bin: Path,
+                                                                          tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    home = tmp_path / "qwen-home"
+    home.mkdir()
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            done = run_qwen(qwen_bin, home, project, proxy.url, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}: {done.stdout[-1500:]}\n{done.stderr[-1500:]}"
+            # the tiny model's reply is empty (END_AT_ONCE): Qwen Code retries it, then exits 1 saying so
+            said = (done.stdout + done.stderr).strip().splitlines()
+            assert done.returncode in (0, 1), f"qwen failed ({done.returncode}): {said[-20:]}"
+            print(f"{name}: exit {done.returncode}: {said[-1][:200] if said else ''}")
+            rows += [{"session": name, "request": i + 1, "exit": done.returncode, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    turns = [r for r in rows if r["request"] == 1]  # each run's turn; the memory extraction follows it
+    assert turns[0]["action"] == "warmed", turns[0]
+    for row in turns[1:]:
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = turns[0]["cache_n"] + turns[0]["prompt_n"]
+    for row in turns:
+        if row["session"] in ("A2", "A3 after restart"):
+            print(f"{row['session']}: processed {row['prompt_n']} of the first session's {first_prompt} prompt tokens")
+            assert row["prompt_n"] <= 0.02 * first_prompt, (row, first_prompt, rows)
+    assert not any(k.startswith("fail_open") for k in counters), counters
+    assert all(row["adapter"] == "qwen-code" for row in turns), rows
