@@ -26,6 +26,7 @@ import queue
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +40,7 @@ from .errors import BadRequestBody, ConfigError, OcpcError
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head
 from .prepare import Preparer, PrepareResult
+from .router import RouterCheck
 from .server_info import port_of, read_runtime
 from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
@@ -79,8 +81,12 @@ class Background:
                 log.exception("background job failed")
 
 
+MAX_ISSUED = 512  # prepares of a router's models whose report may still come
+
+
 class Daemon:
-    """Owns the Preparer and the HTTP server; ``serve_forever`` or ``start`` in a thread."""
+    """Owns the Preparer (behind a router, one per model) and the HTTP server; ``serve_forever``
+    or ``start`` in a thread."""
 
     def __init__(self, *, settings: Settings, server_url: str | None = None, host: str | None = None,
                  port: int | None = None, server_binary: Path | None = None, watch_interval: float = 1.0,
@@ -98,6 +104,12 @@ class Daemon:
         self.preparer = Preparer(settings=settings, client=self.client, store=self.store, tracker=self.tracker,
                                  server_binary=server_binary, schedule=self.background.submit,
                                  runtime=read_runtime(settings, port_) if port_ else None)
+        # behind a llama-server router (router.py): one Preparer per model, by the body's `model`
+        self._guard = threading.Lock()
+        self._router = RouterCheck(self.server_url)
+        self._models: dict[str, Preparer] = {}
+        self._issued: OrderedDict[str, Preparer] = OrderedDict()  # prepare_id -> the Preparer that made it
+        self._server_binary = server_binary
         server_class = _Server6 if ":" in host else _Server
         try:
             self.httpd = server_class((host, settings.daemon_port if port is None else port), _Handler)
@@ -126,10 +138,11 @@ class Daemon:
     def _watch(self) -> None:
         """Notice server restarts between requests (see ``Preparer.watch``)."""
         while not self._stopping.wait(self._watch_interval):
-            try:
-                self.preparer.watch()
-            except Exception:  # the watcher must outlive any surprise
-                log.exception("restart watch failed; trying again")
+            for preparer in self.preparers():
+                try:
+                    preparer.watch()
+                except Exception:  # the watcher must outlive any surprise
+                    log.exception("restart watch failed; trying again")
 
     def start(self) -> None:
         """Serve in a background thread (tests, launcher)."""
@@ -142,7 +155,8 @@ class Daemon:
             self.httpd.shutdown()
         self.httpd.server_close()
         self.background.stop()
-        self.preparer.flush_usage()
+        for preparer in self.preparers():
+            preparer.flush_usage()
         self.client.close()
         if self._thread:
             self._thread.join(timeout=5)
@@ -152,25 +166,72 @@ class Daemon:
         held until its report (``report``) or until the watch takes it back; any other caller,
         or a single-slot server, gets the configured slot as before."""
         lower = {k.lower(): v for k, v in headers.items()}
-        broker = self.preparer.broker
+        preparer = self._preparer_for(raw)
+        broker = preparer.broker
         if lower.get("x-ocpc-pin") != "1" or broker.n_slots() <= 1:
-            return self.preparer.prepare(raw, headers, deadline=deadline, harness="opencode").to_json()
+            return self._issue(preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
         taken = broker.take(self._ask(raw, lower, broker.n_slots()), deadline=deadline)
         if taken.hold is None:
             broker.give_back(taken)
-            self.preparer.count("failed:slot_busy")
+            preparer.count("failed:slot_busy")
             return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
         try:
             with taken.hold.inside():
-                result = self.preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
+                result = preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
         except BaseException:
             broker.give_back(taken)  # prepare never raises; if it ever does, the slot is not left held
             raise
+        self._issue(preparer, result)
         if result.prepare_id and result.fingerprint:
             broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
         else:
             broker.give_back(taken)  # no report will come (skipped, a title): nothing to keep it for
         return result.to_json() | {"slot": taken.slot, "pin": True}
+
+    def preparers(self) -> list[Preparer]:
+        """The server's Preparer, and behind a router each model's."""
+        return [self.preparer, *self._models.values()]
+
+    def _preparer_for(self, raw: bytes) -> Preparer:
+        """The Preparer of the request's model behind a router (made on first use), else the one."""
+        try:
+            return self._model_preparer(raw)
+        except Exception:  # noqa: BLE001 (choosing must never fail a request: the server's own Preparer)
+            log.exception("choosing the router model's Preparer failed; using the server's")
+            return self.preparer
+
+    def _model_preparer(self, raw: bytes) -> Preparer:
+        if not self._router.is_router():
+            return self.preparer
+        try:
+            name = json.loads(raw).get("model")
+        except (ValueError, AttributeError, RecursionError):
+            return self.preparer
+        model = self._router.models.canonical(name) if isinstance(name, str) else None
+        if model is None:
+            return self.preparer  # a model the router does not know: the request fails open as it would
+        return self.model_preparer(model)
+
+    def model_preparer(self, model: str) -> Preparer:
+        """The Preparer of one model of the router (made on first use; ``ocpc launch``'s proxy
+        shares them, as it shares the server's Preparer otherwise)."""
+        with self._guard:
+            preparer = self._models.get(model)
+            if preparer is None:
+                preparer = self._models[model] = Preparer(
+                    settings=self.settings, client=SlotClient(self.server_url, model=model), store=self.store,
+                    tracker=self.tracker, server_binary=self._server_binary, schedule=self.background.submit)
+                log.info("router model %s: its own Preparer (%s)", model, preparer.server)
+            return preparer
+
+    def _issue(self, preparer: Preparer, result: PrepareResult) -> PrepareResult:
+        """Remember which Preparer made ``result``, for its report (the newest ``MAX_ISSUED``)."""
+        if result.prepare_id and preparer is not self.preparer:
+            with self._guard:
+                self._issued[result.prepare_id] = preparer
+                while len(self._issued) > MAX_ISSUED:
+                    self._issued.popitem(last=False)
+        return result
 
     def _ask(self, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
         """What the broker needs before the prepare: the conversation (``x-session-id``; none for
@@ -187,11 +248,13 @@ class Daemon:
 
     def report(self, **fields: Any) -> dict[str, Any]:
         """The plugin's report: learned from, and the slot lent to its request is free again."""
+        with self._guard:
+            preparer = self._issued.pop(fields.get("prepare_id") or "", self.preparer)
         try:
-            return self.preparer.report(**fields)
+            return preparer.report(**fields)
         finally:
             if fields.get("prepare_id"):
-                self.preparer.broker.returned(fields["prepare_id"])
+                preparer.broker.returned(fields["prepare_id"])
 
     def status(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": __version__, "server": {"url": self.server_url}}
@@ -201,6 +264,8 @@ class Daemon:
         except OcpcError as exc:
             data["server"]["error"] = str(exc)
         data["daemon"] = self.preparer.status()
+        if self._models:
+            data["models"] = {model: preparer.status() for model, preparer in list(self._models.items())}
         data["disk"] = _disk_files(self.settings.slot_dir)
         try:
             data["index"] = self.store.load().to_json()
@@ -355,7 +420,8 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, TypeError) as exc:
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad park request: {exc}"})
             return
-        results = self.server.daemon.preparer.park_live(deadline=Deadline.after(seconds))
+        deadline = Deadline.after(seconds)
+        results = [r for p in self.server.daemon.preparers() for r in p.park_live(deadline=deadline)]
         self._send(HTTPStatus.OK, {"slots": results})
 
     def _read_body(self, limit: int) -> bytes | None:

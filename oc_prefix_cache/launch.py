@@ -191,9 +191,8 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
             daemon = Daemon(settings=settings, server_url=url, server_binary=binary)
             daemon.start()
             routed = "--models-dir" in argv
-            if routed:  # the plugin's path keeps one model: the proxy has one Preparer per model
-                say("a llama-server router: the proxy prepares each model on its own (router.py); the OpenCode "
-                    "plugin's requests go through uncached here: point OpenCode at the proxy instead")
+            if routed:
+                say("a llama-server router: the daemon and the proxy prepare each model on its own (router.py)")
             else:
                 warm_in_background(daemon.preparer, say=say)
             proxy = start_proxy(settings, daemon, say=say, routed=routed)
@@ -259,12 +258,15 @@ def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None
     OpenCode uses go on without it.
     """
     from .proxy import Proxy
-    from .proxy_server import ProxyServer, build_proxy
+    from .proxy_server import ProxyServer
+    from .router import RouterProxy
 
     try:
-        front = build_proxy(settings, server_url=daemon.server_url) if routed else Proxy(
-            settings=settings, preparer=daemon.preparer)
-        proxy = ProxyServer(front, watch=routed)
+        front: Proxy | RouterProxy = Proxy(settings=settings, preparer=daemon.preparer)
+        if routed:  # the daemon's Preparer of each model (its watch covers them all)
+            front = RouterProxy(settings=settings, server_url=daemon.server_url, make=lambda model: Proxy(
+                settings=settings, preparer=daemon.model_preparer(model) if model else daemon.preparer))
+        proxy = ProxyServer(front)
         proxy.start()
     except (OcpcError, OSError) as exc:
         say(f"the ocpc proxy did not start: {exc}; llama-server and the daemon (OpenCode) go on without it")

@@ -47,6 +47,28 @@ def is_router(url: str, *, timeout: float = 2.0) -> bool:
     return isinstance(data, dict) and data.get("role") == "router"
 
 
+class RouterCheck:
+    """Whether the server is a router, asked until it says so (it may not be up yet when asked
+    first), at most every ``every_s``; with the router's ``Models`` once it is one."""
+
+    def __init__(self, url: str, *, every_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.models = Models(self.url)
+        self._every_s = every_s
+        self._guard = threading.Lock()
+        self._yes = False
+        self._asked = float("-inf")
+
+    def is_router(self) -> bool:
+        if self._yes:
+            return True
+        with self._guard:
+            if time.monotonic() - self._asked >= self._every_s:
+                self._asked = time.monotonic()
+                self._yes = is_router(self.url, timeout=1.0)
+            return self._yes
+
+
 class Models:
     """The router's models by name and alias -> canonical id (``GET /models``, read again every
     ``MODELS_TTL_S``; answered by the router itself, so it loads nothing)."""

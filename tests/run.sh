@@ -17,8 +17,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
+# The agents' binaries for the end-to-end tests (npm, PyPI), downloaded while the server
+# compiles (tests/harness_bins.py; cached per version; a failure here is retried by the test).
+bins_log=$(mktemp)
+.venv/bin/python -m tests.harness_bins >"$bins_log" 2>&1 &
+bins_pid=$!
+
 # The real llama-server and tiny models: built once, cached; fails loudly if it cannot.
 .venv/bin/ocpc rig build
+wait "$bins_pid" || true
+echo "== agents' binaries"
+cat "$bins_log"
+rm -f "$bins_log"
 
 echo "== mypy"
 .venv/bin/mypy

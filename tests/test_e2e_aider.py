@@ -11,15 +11,14 @@ prompt, so not the 2% of the agents whose prompts are large and whose typed text
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from .harness_bins import Bin
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -28,25 +27,12 @@ VERSION = "0.86.2"
 CAPTURE = Path(__file__).parent / "data" / f"aider-{VERSION}" / "A1.json"
 
 
-def pip_install(package: str, folder: Path, binary: Path) -> Path:
-    """A harness from PyPI, installed once into its own venv under the rig cache folder (fails loudly)."""
-    if not binary.exists():
-        fits = [sys.executable] if (3, 10) <= sys.version_info[:2] < (3, 13) else []
-        pythons = fits + [p for p in map(shutil.which, ("python3.12", "python3.11", "python3.10")) if p]
-        assert pythons, f"Python 3.10-3.12 is needed to install {package} for the end-to-end test"
-        subprocess.run([pythons[0], "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
-        subprocess.run([str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
-                       check=True, capture_output=True, timeout=1800)
-    assert binary.exists(), f"{package} did not provide {binary}"
-    return binary
+BIN = Bin(f"aider-{VERSION}", f"aider-chat=={VERSION}", "bin/aider", pypi=True)
 
 
 @pytest.fixture
 def aider_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"aider-{VERSION}"
-    return pip_install(f"aider-chat=={VERSION}", folder, folder / "bin" / "aider")
+    return BIN.install()
 
 
 def run_aider(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,31 +24,21 @@ import pytest
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
+from .harness_bins import Bin, npm_install  # noqa: F401 (npm_install: the other end-to-end tests' import)
+
 pytestmark = pytest.mark.rig
 
 VERSION = "2.1.332"
 END_AT_ONCE = ("--logit-bias", "151645+30")  # <|im_end|> in the tiny models' vocabulary (notes)
 
 
-def npm_install(package: str, folder: Path, binary: Path) -> Path:
-    """A harness from npm, installed once under the rig cache folder (fails loudly without npm)."""
-    if not binary.exists():
-        npm = shutil.which("npm")
-        assert npm, f"npm is needed to install {package} for the end-to-end test"
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", package], cwd=folder, check=True,
-                       capture_output=True, timeout=900)
-    assert binary.exists(), f"{package} did not provide {binary}"
-    return binary
+BIN = Bin(f"claude-code-{VERSION}", f"@anthropic-ai/claude-code@{VERSION}",
+          "node_modules/@anthropic-ai/claude-code/bin/claude.exe")
 
 
 @pytest.fixture
 def claude_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"claude-code-{VERSION}"
-    return npm_install(f"@anthropic-ai/claude-code@{VERSION}", folder,
-                       folder / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe")
+    return BIN.install()
 
 
 class ProxyProcess:

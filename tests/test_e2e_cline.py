@@ -15,19 +15,20 @@ from typing import Any
 
 import pytest
 
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+from .harness_bins import Bin
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
 VERSION = "3.0.65"
 
 
+BIN = Bin(f"cline-{VERSION}", f"cline@{VERSION}", "node_modules/.bin/cline")
+
+
 @pytest.fixture
 def cline_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"cline-{VERSION}"
-    return npm_install(f"cline@{VERSION}", folder, folder / "node_modules" / ".bin" / "cline")
+    return BIN.install()
 
 
 def cline_env(home: Path) -> dict[str, str]:

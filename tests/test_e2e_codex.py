@@ -15,19 +15,20 @@ from typing import Any
 
 import pytest
 
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+from .harness_bins import Bin
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
 VERSION = "0.171.0"
 
 
+BIN = Bin(f"codex-{VERSION}", f"@openai/codex@{VERSION}", "node_modules/.bin/codex")
+
+
 @pytest.fixture
 def codex_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"codex-{VERSION}"
-    return npm_install(f"@openai/codex@{VERSION}", folder, folder / "node_modules" / ".bin" / "codex")
+    return BIN.install()
 
 
 def codex_home(path: Path, proxy_url: str) -> Path:

@@ -17,20 +17,21 @@ from typing import Any
 
 import pytest
 
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+from .harness_bins import Bin
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
 VERSION = "7.7.9"  # the newest Linux binary on npm (@kilocode/cli@7.8.1's was not published there)
 
 
+BIN = Bin(f"kilocode-cli-{VERSION}", f"@kilocode/cli-linux-x64@{VERSION}",
+          "node_modules/@kilocode/cli-linux-x64/bin/kilo")
+
+
 @pytest.fixture
 def kilo_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"kilocode-cli-{VERSION}"
-    return npm_install(f"@kilocode/cli-linux-x64@{VERSION}", folder,
-                       folder / "node_modules" / "@kilocode" / "cli-linux-x64" / "bin" / "kilo")
+    return BIN.install()
 
 
 def kilo_home(home: Path, proxy_url: str, ocpc_home: Path) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,10 +24,16 @@ import pytest
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
+from .harness_bins import Bin
+
 pytestmark = pytest.mark.rig
 
 OPENCODE_VERSION = "1.18.33"
 MODEL = "tiny"
+
+
+BIN = Bin(f"opencode-{OPENCODE_VERSION}", f"opencode-ai@{OPENCODE_VERSION}",
+          "node_modules/opencode-linux-x64/bin/opencode")
 
 
 @pytest.fixture
@@ -38,17 +43,7 @@ def opencode_bin(monkeypatch: pytest.MonkeyPatch) -> Path:
     Its glob/grep tools run `rg`: the test extra's `ripgrep` wheel puts it in this venv's
     bin/, which goes first on the PATH the test gives OpenCode (no system ripgrep needed).
     """
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"opencode-{OPENCODE_VERSION}"
-    binary = folder / "node_modules" / "opencode-linux-x64" / "bin" / "opencode"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        assert npm, "npm is needed to install opencode-ai for the end-to-end test"
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", f"opencode-ai@{OPENCODE_VERSION}"],
-                       cwd=folder, check=True, capture_output=True, timeout=900)
-    assert binary.exists(), f"opencode-ai@{OPENCODE_VERSION} did not provide {binary}"
+    binary = BIN.install()
     scripts = Path(sysconfig.get_path("scripts"))
     assert (scripts / "rg").is_file(), f"no rg in {scripts}: install the test extra (pip install -e '.[test]')"
     subprocess.run([str(scripts / "rg"), "--version"], check=True, capture_output=True, timeout=30)

@@ -16,20 +16,21 @@ from typing import Any
 
 import pytest
 
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, npm_install, projects
+from .harness_bins import Bin
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, projects
 
 pytestmark = pytest.mark.rig
 
 VERSION = "0.73.1"
 
 
+BIN = Bin(f"pi-{VERSION}", f"@mariozechner/pi-coding-agent@{VERSION}",
+          "node_modules/@mariozechner/pi-coding-agent/dist/cli.js")
+
+
 @pytest.fixture
 def pi_cli() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"pi-{VERSION}"
-    return npm_install(f"@mariozechner/pi-coding-agent@{VERSION}", folder,
-                       folder / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js")
+    return BIN.install()
 
 
 def write_models(home: Path, proxy_url: str) -> None:

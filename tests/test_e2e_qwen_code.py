@@ -17,19 +17,20 @@ from typing import Any
 
 import pytest
 
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project, npm_install
+from .harness_bins import Bin
+from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
 VERSION = "0.24.4"
 
 
+BIN = Bin(f"qwen-code-{VERSION}", f"@qwen-code/qwen-code@{VERSION}", "node_modules/.bin/qwen")
+
+
 @pytest.fixture
 def qwen_bin() -> Path:
-    from .conftest import RIG_DIR
-
-    folder = RIG_DIR.parent / f"qwen-code-{VERSION}"
-    return npm_install(f"@qwen-code/qwen-code@{VERSION}", folder, folder / "node_modules" / ".bin" / "qwen")
+    return BIN.install()
 
 
 def run_qwen(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> subprocess.CompletedProcess[str]:

@@ -70,8 +70,10 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
         first = turn("A1", a)
         second = turn("A2", a)
         assert second["cache_n"] >= first["cache_n"] + first["prompt_n"] - MARKUP, rows  # the slot kept A
-        time.sleep(ahead.IDLE_S + 3)  # A sits idle: parked ahead by the watch
         a_state = front.proxy_for("qwen35").preparer
+        deadline = time.monotonic() + ahead.IDLE_S + 30  # A sits idle: parked ahead by the watch
+        while not a_state.stats.counters.get("parked_ahead") and time.monotonic() < deadline:
+            time.sleep(0.25)
         assert a_state.stats.counters.get("parked_ahead", 0) >= 1, a_state.stats.counters
 
         for who, model in (("B (evicts A)", "gemma3"), ("C (evicts B)", "qwen3")):
@@ -135,3 +137,50 @@ def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: 
             stop_group(launcher, grace=5)
     said = log.read_text()
     assert "llama-server's router, at most 1 loaded" in said, said
+
+
+def test_the_plugins_daemon_keeps_a_preparer_per_router_model(rig: Any, models: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    """OpenCode's path: the daemon in front of a router prepares each model on its own Preparer
+    (keyed per model), and a report goes back to the Preparer that made its prepare."""
+    from oc_prefix_cache.daemon import Daemon
+    from oc_prefix_cache.deadline import Deadline
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("qwen35", "qwen3"):
+        (folder / f"{name}.gguf").symlink_to(models[name])
+    settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
+    settings.slot_dir.mkdir(parents=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    router = Supervised(name="llama-server router", argv=[
+        str(rig.server), "--models-dir", str(folder), "--models-max", "1", "--host", "127.0.0.1", "--port", str(port),
+        "-c", "16384", "-np", "1", "--slot-save-path", str(settings.slot_dir), *FLAGS],
+        health_url=f"{url}/health", log_path=tmp_path / "router.log")
+    router.start(timeout=120)
+    daemon = Daemon(settings=settings, server_url=url, port=0)
+    try:
+        seen = {}
+        for model in ("qwen35", "qwen3", "qwen35"):
+            conv = workload.parent(f"ses_{model}")
+            conv.body["model"] = model
+            body = conv.next_body()
+            raw = json.dumps(body).encode()
+            answer = daemon.prepare(raw, conv.headers(), deadline=Deadline.after(120))
+            timings = chat(url, body)
+            daemon.report(fingerprint=answer["fingerprint"] or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
+                          prepare_id=answer["prepare_id"], predicted_n=timings.predicted_n)
+            seen.setdefault(model, []).append((answer["action"], timings.cache_n, timings.prompt_n))
+        status = daemon.status()
+        print("\n" + json.dumps(seen))
+        assert set(status["models"]) == {"qwen35", "qwen3"}
+        assert seen["qwen35"][0][0] == "warmed" and seen["qwen3"][0][0] == "warmed", seen
+        # qwen35 again after qwen3 evicted it: a new session restores its head from its own file
+        assert seen["qwen35"][1][0] == "restored" and seen["qwen35"][1][2] < 0.1 * seen["qwen35"][1][1], seen
+        for model in ("qwen35", "qwen3"):
+            counters = status["models"][model]["counters"]
+            assert counters.get("report_served", 0) >= 1 and not counters.get("report_missed"), (model, counters)
+    finally:
+        daemon.stop()
+        router.stop()

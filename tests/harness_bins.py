@@ -1,0 +1,98 @@
+"""The agents' binaries the end-to-end tests run: each one's package, and where it is installed
+(under the rig cache, one folder per version), once.
+
+Each ``tests/test_e2e_*.py`` names its binary as ``BIN``. ``python -m tests.harness_bins``
+installs every one of them at once, in parallel: ``tests/run.sh`` runs it beside the
+llama-server build, so a cold run downloads while it compiles (about 8 minutes of npm and
+pip installs otherwise come after the build). A failure there fails nothing: the test's own
+fixture installs again and fails loudly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .conftest import RIG_DIR
+
+
+@dataclass(frozen=True)
+class Bin:
+    folder: str  # under the rig cache's parent, with the version in its name
+    package: str  # an npm spec, or a PyPI requirement when ``pypi``
+    binary: str  # the binary's path inside the folder
+    pypi: bool = False  # a PyPI package, in a venv of its own (Python 3.10-3.12)
+
+    @property
+    def path(self) -> Path:
+        return RIG_DIR.parent / self.folder / self.binary
+
+    def install(self) -> Path:
+        """The binary, installed first when it is not there yet (fails loudly)."""
+        if not self.path.exists():
+            (_pip if self.pypi else _npm)(self.package, RIG_DIR.parent / self.folder)
+        assert self.path.exists(), f"{self.package} did not provide {self.path}"
+        return self.path
+
+
+def _npm(package: str, folder: Path) -> None:
+    npm = shutil.which("npm")
+    assert npm, f"npm is needed to install {package} for the end-to-end test"
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([npm, "install", "--no-audit", "--no-fund", package], cwd=folder, check=True,
+                   capture_output=True, timeout=900)
+
+
+def _pip(package: str, folder: Path) -> None:
+    fits = [sys.executable] if (3, 10) <= sys.version_info[:2] < (3, 13) else []
+    pythons = fits + [p for p in map(shutil.which, ("python3.12", "python3.11", "python3.10")) if p]
+    assert pythons, f"Python 3.10-3.12 is needed to install {package} for the end-to-end test"
+    subprocess.run([pythons[0], "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
+    subprocess.run([str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
+                   check=True, capture_output=True, timeout=1800)
+
+
+def npm_install(package: str, folder: Path, binary: Path) -> Path:
+    """A harness from npm, installed once under ``folder`` (fails loudly without npm)."""
+    if not binary.exists():
+        _npm(package, folder)
+    assert binary.exists(), f"{package} did not provide {binary}"
+    return binary
+
+
+def every_bin() -> list[Bin]:
+    """The ``BIN`` of every end-to-end test module."""
+    here = Path(__file__).parent
+    found = []
+    for path in sorted(here.glob("test_e2e_*.py")):
+        module = importlib.import_module(f"tests.{path.stem}")
+        if isinstance(getattr(module, "BIN", None), Bin):
+            found.append(module.BIN)
+    return found
+
+
+def main() -> int:
+    def one(b: Bin) -> str:
+        started = time.monotonic()
+        try:
+            b.install()
+        except (AssertionError, subprocess.SubprocessError, OSError) as exc:
+            return f"{b.package}: not installed ({type(exc).__name__}: {str(exc)[:200]}); its test installs it again"
+        return f"{b.package}: ready ({time.monotonic() - started:.0f} s)"
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for line in pool.map(one, every_bin()):
+            print(f"- {line}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # run as tests.harness_bins, so the test modules' Bin is this one
+    from tests import harness_bins
+
+    sys.exit(harness_bins.main())
