@@ -44,7 +44,8 @@ class Stub:
 
     Behaviour per request, from the ``x-stub`` header (the proxy forwards it): ``stream:N`` (N SSE
     chunks, then a final chunk with ``timings``; the default, N=3), ``slow:N:MS`` (N chunks, MS apart),
-    ``hang`` (never answers), ``500`` (an error answer). Every request is recorded in ``seen``.
+    ``linger:MS`` (the whole answer, then MS before the stream ends), ``hang`` (never answers),
+    ``500`` (an error answer). Every request is recorded in ``seen``.
     """
 
     def __init__(self, *, slots: int = 1) -> None:
@@ -89,6 +90,9 @@ class Stub:
                 if self.path.split("?")[0] not in ("/v1/chat/completions", "/v1/messages"):
                     self._json(200, {"echo": len(body)})
                     return
+                if mode[0] == "linger":  # the whole answer, then the stream stays open MS before it ends
+                    self._stream(3, 0.0, linger=float(mode[1]) / 1000)
+                    return
                 n = int(mode[1]) if len(mode) > 1 else 3
                 gap = float(mode[2]) / 1000 if len(mode) > 2 else 0.0
                 self._stream(n, gap)
@@ -111,7 +115,7 @@ class Stub:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _stream(self, n: int, gap: float) -> None:
+            def _stream(self, n: int, gap: float, *, linger: float = 0.0) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -123,6 +127,8 @@ class Stub:
                             time.sleep(gap)
                     self._chunk(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
                                 b'"timings":{"cache_n":100,"prompt_n":5,"predicted_n":%d}}\n\ndata: [DONE]\n\n' % n)
+                    if linger:
+                        time.sleep(linger)
                     self.wfile.write(b"0\r\n\r\n")
                 except (BrokenPipeError, ConnectionResetError):
                     stub.seen[-1]["cut"] = True

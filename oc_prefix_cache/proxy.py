@@ -110,6 +110,10 @@ class Plan:
     adapter: str = ""
     rule: str = ""  # the affinity rule that chose the slot
     ready_ms: float = 0.0  # from the request's arrival to its forward (parse, slot, prepare)
+    # the answer's last bytes as relayed so far (a 200): what the reuse is learned from, also
+    # when the client leaves the moment it has the final event (Codex does, after a restart)
+    tail: bytearray = field(default_factory=bytearray)
+    answered: bool = False
 
 
 @dataclass(frozen=True)
@@ -443,8 +447,11 @@ class Proxy:
             sent["content-type"] = "application/json"
         watcher = Watcher(receive)
         try:
-            return await watcher.run(self._stream(scope, send, method="POST", path=plan.path, headers=sent,
-                                                  body=plan.body, plan=plan))
+            learned = await watcher.run(self._stream(scope, send, method="POST", path=plan.path, headers=sent,
+                                                     body=plan.body, plan=plan))
+            if learned is None and watcher.gone and plan.answered:  # it left after (part of) a 200 answer
+                learned = learn(bytes(plan.tail))
+            return learned
         finally:
             if watcher.gone:
                 self.counters.add("client_disconnected")
@@ -499,7 +506,9 @@ class Proxy:
         await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
         translator = StreamTranslator() if translate and plan and plan.stream else None
         whole = translate and not (plan and plan.stream)
-        tail = bytearray()
+        tail = plan.tail if plan is not None else bytearray()
+        if plan is not None:
+            plan.answered = response.status_code == 200
         chunks = response.chunks()
         while True:
             try:

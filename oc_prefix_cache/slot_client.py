@@ -123,8 +123,8 @@ class SlotClient:
                 return loaded
             if state in ("unloaded", "sleeping", None):
                 try:
-                    self._http.post("/models/load", json={"model": self.model},
-                                    timeout=self._t(self._within(self.timeouts.quick, deadline, "load the model")))
+                    self._send("POST", "/models/load", json={"model": self.model},
+                               timeout=self._t(self._within(self.timeouts.quick, deadline, "load the model")))
                 except httpx.HTTPError as exc:
                     raise ServerUnreachable(f"cannot ask the router at {self.base_url} to load {self.model}: {exc}"
                                             ) from exc
@@ -135,8 +135,8 @@ class SlotClient:
     def _model_state(self, deadline: Deadline) -> str | None:
         """The router's status of this client's model (``GET /models``: loads nothing)."""
         try:
-            data = self._http.get("/models", timeout=self._t(self._within(self.timeouts.quick, deadline,
-                                                                          "read the router's models"))).json()
+            data = self._send("GET", "/models", timeout=self._t(self._within(self.timeouts.quick, deadline,
+                                                                             "read the router's models"))).json()
         except (httpx.HTTPError, ValueError) as exc:
             raise ServerUnreachable(f"cannot read the router's models at {self.base_url}: {exc}") from exc
         for entry in data.get("data", []) if isinstance(data, dict) else []:
@@ -341,6 +341,14 @@ class SlotClient:
     def _t(self, read: float) -> httpx.Timeout:
         return httpx.Timeout(read, connect=min(self.timeouts.connect, read))
 
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; once more on a fresh connection when a kept-alive one had just been
+        closed by the server (a router closes its side after proxying): it never reached it."""
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.RemoteProtocolError:
+            return self._http.request(method, path, **kwargs)
+
     def _json(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> dict[str, Any]:
         response = self._call(method, path, timeout=timeout, **kwargs)
         try:
@@ -355,12 +363,7 @@ class SlotClient:
         url = f"{self.base_url}{path}"
         path, kwargs = self._routed(method, path, kwargs)
         try:
-            try:
-                response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
-            except httpx.RemoteProtocolError:
-                # a kept-alive connection the server had just closed (a router closes its side
-                # after proxying): the request never reached it, so once more on a fresh one
-                response = self._http.request(method, path, timeout=self._t(timeout), **kwargs)
+            response = self._send(method, path, timeout=self._t(timeout), **kwargs)
         except httpx.TimeoutException as exc:
             raise ServerTimeout(f"{url} did not answer within {timeout:g} s") from exc
         except httpx.HTTPError as exc:

@@ -154,6 +154,26 @@ def test_a_client_that_goes_away_cancels_the_upstream_request(proxy_for: Any, st
     assert post(proxy.url, CHAT).status_code == 200
 
 
+def test_a_client_that_leaves_once_it_has_the_final_event_still_has_its_reuse_learned(proxy_for: Any,
+                                                                                       stub: Any) -> None:
+    """Codex closes its connection the moment it has the last event, before the server's stream
+    ends: the reuse numbers were already relayed, and the report must not be lost with the client
+    (a failing Codex end-to-end run after a restart)."""
+    proxy = proxy_for(stub.url)
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
+                      headers={"x-stub": "linger:2000"}, timeout=30) as response:
+        for line in response.iter_lines():
+            if "[DONE]" in line:
+                break
+    for _ in range(100):
+        recent = proxy.status()["recent"]
+        if recent and proxy.counters().get("client_disconnected"):
+            break
+        time.sleep(0.05)
+    assert proxy.counters()["client_disconnected"] == 1
+    assert recent[-1]["cache_n"] == 100 and recent[-1]["prompt_n"] == 5, recent
+
+
 # -- what is forwarded unchanged -----------------------------------------------------------------------
 
 
