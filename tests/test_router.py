@@ -34,11 +34,12 @@ def model_status(url: str) -> dict[str, str]:
     return {m["id"]: m["status"]["value"] for m in data["data"]}
 
 
-def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, models: dict[str, Path],
-                                                                      tmp_path: Path) -> None:
+def start_router(rig: Any, models: dict[str, Path], tmp_path: Path,
+                 names: tuple[str, ...]) -> tuple[Settings, Supervised, str]:
+    """A llama-server router over ``names`` (`--models-max 1`), writing into an ocpc home of the test."""
     folder = tmp_path / "models"
     folder.mkdir()
-    for name in ("qwen35", "qwen3", "gemma3"):
+    for name in names:
         (folder / f"{name}.gguf").symlink_to(models[name])
     settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
     settings.slot_dir.mkdir(parents=True)
@@ -49,6 +50,12 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
         "-c", "16384", "-np", "1", "--slot-save-path", str(settings.slot_dir), *FLAGS],
         health_url=f"{url}/health", log_path=tmp_path / "router.log")
     router.start(timeout=120)
+    return settings, router, url
+
+
+def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, models: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    settings, router, url = start_router(rig, models, tmp_path, ("qwen35", "qwen3", "gemma3"))
     proxy = None
     try:
         assert is_router(url)
@@ -146,19 +153,7 @@ def test_the_plugins_daemon_keeps_a_preparer_per_router_model(rig: Any, models: 
     from oc_prefix_cache.daemon import Daemon
     from oc_prefix_cache.deadline import Deadline
 
-    folder = tmp_path / "models"
-    folder.mkdir()
-    for name in ("qwen35", "qwen3"):
-        (folder / f"{name}.gguf").symlink_to(models[name])
-    settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
-    settings.slot_dir.mkdir(parents=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    router = Supervised(name="llama-server router", argv=[
-        str(rig.server), "--models-dir", str(folder), "--models-max", "1", "--host", "127.0.0.1", "--port", str(port),
-        "-c", "16384", "-np", "1", "--slot-save-path", str(settings.slot_dir), *FLAGS],
-        health_url=f"{url}/health", log_path=tmp_path / "router.log")
-    router.start(timeout=120)
+    settings, router, url = start_router(rig, models, tmp_path, ("qwen35", "qwen3"))
     daemon = Daemon(settings=settings, server_url=url, port=0)
     try:
         seen = {}
