@@ -20,7 +20,7 @@ from .deadline import Deadline
 from .errors import OcpcError
 from .executor import Done, Executor, Prefix
 from .fingerprint import ServerIdentity
-from .parks import end_of_day, park_key
+from .parks import end_of_day, park_entry, park_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .slot_client import SlotClient
 from .store import Entry
@@ -123,10 +123,9 @@ class Parker:
                             "the slot is left as it is") from exc
         self._check_fits(len(tokens))
         key = park_key(identity=identity, conversation=holding.conversation)
-        entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
-                      server_build=server.build, harness="", identity=identity, head=holding.head,
-                      session=trail.session, chain=list(trail.digests), text_chars=text.chars if text else 0,
-                      text_xxh64=text.text_xxh64 if text else "")
+        entry = park_entry(model=server.model_path, build=server.build, identity=identity, head=holding.head,
+                           session=trail.session, digests=trail.digests, text_chars=text.chars if text else 0,
+                           text_xxh64=text.text_xxh64 if text else "")
         try:
             done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
                                              deadline=deadline)

@@ -19,11 +19,12 @@ parked message chain its own messages extend. Pure: the index is read elsewhere.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
 
-from .store import Entry, Index
+from .store import Entry, Index, chain_digest, prefix_digests
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Park:
     key: str  # 16 hex: the file is oc-conv-<key>.bin
     n_tokens: int
     session: str
-    chain: tuple[str, ...]  # digests of the messages the park covers
+    messages: int  # how many of the conversation's messages the park covers
     head: str
     text_chars: int = 0  # characters of the rendered prompt it covers (0: unknown)
     text_xxh64: str = ""
@@ -45,28 +46,39 @@ def project_key(*, identity: str, head: str, project_text: str) -> str:
     return xxhash.xxh64_hexdigest(f"proj\x00{identity}\x00{head}\x00{project_text}".encode())
 
 
+def park_entry(*, model: str, build: str, identity: str, head: str, session: str, digests: Sequence[str],
+               text_chars: int = 0, text_xxh64: str = "") -> Entry:
+    """A park's index entry before its save fills in the file: O(1) in the conversation's length
+    (its chain's length and digest, not a digest per message)."""
+    return Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=model, server_build=build,
+                 harness="", identity=identity, head=head, session=session, chain_n=len(digests),
+                 chain_xxh64=chain_digest(digests), text_chars=text_chars, text_xxh64=text_xxh64)
+
+
 def find_park(index: Index, *, identity: str, session: str, digests: tuple[str, ...]) -> Park | None:
     """This conversation's park: by session when it has one, else by the longest message
-    chain that ``digests`` extend. Only parks made under ``identity`` count."""
+    chain that ``digests`` extend (each park keeps its chain's length and digest; the request's
+    chain is digested once, at those lengths). Only parks made under ``identity`` count."""
+    parks = [(key, entry, entry.covers()) for key, entry in index.entries.items()
+             if entry.kind == "conv" and entry.identity == identity]
+    ours = prefix_digests(digests, {n for _, e, (n, _) in parks if not e.session and 0 < n <= len(digests)}) \
+        if not session else {}
     best: tuple[int, int, str, Entry] | None = None
-    for key, entry in index.entries.items():
-        if entry.kind != "conv" or entry.identity != identity:
-            continue
-        chain = tuple(entry.chain)
+    for key, entry, (n, digest) in parks:
         if session:
             if entry.session != session:
                 continue
             rank = (1, entry.last_used)  # the latest park of that session
         else:
-            if entry.session or not chain or len(chain) > len(digests) or digests[: len(chain)] != chain:
+            if entry.session or not n or ours.get(n) != digest:
                 continue
-            rank = (len(chain), entry.last_used)
+            rank = (n, entry.last_used)
         if best is None or rank > best[:2]:
             best = (*rank, key, entry)
     if best is None:
         return None
     _, _, key, entry = best
-    return Park(key=key, n_tokens=entry.prefix_tokens, session=entry.session, chain=tuple(entry.chain),
+    return Park(key=key, n_tokens=entry.prefix_tokens, session=entry.session, messages=entry.covers()[0],
                 head=entry.head, text_chars=entry.text_chars, text_xxh64=entry.text_xxh64)
 
 

@@ -13,11 +13,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from .errors import IndexCorrupt, LockTimeout, StoreError
 from .files import file_lock, write_atomic
@@ -25,8 +27,11 @@ from .slotfile import kind_of
 
 log = logging.getLogger("ocpc.store")
 
-INDEX_VERSION = 2
-# Version 1 had heads only; its entries read as kind "head". A newer version reads too: what
+INDEX_VERSION = 3
+# Version 1 had heads only; its entries read as kind "head". Version 2 kept a park's whole
+# message chain (a digest per message: 38 KB for a 2,000-message conversation, a 9.7 MB index
+# for 200 of them, read on every prepare that is not a hit); version 3 keeps its length and one
+# digest of it (``chain_n``, ``chain_xxh64``), and still reads a version 2 ``chain``. A newer version reads too: what
 # this ocpc knows of it is read, the rest is kept as it was (an upgrade and a downgrade share
 # one index; an unknown field is not corruption).
 OLDEST_VERSION = 1
@@ -50,7 +55,9 @@ class Entry:
     identity: str = ""  # server/model/template identity digest: parks are looked up under it only
     head: str = ""  # proj/conv: the head fingerprint the file extends
     session: str = ""  # conv: the conversation's session id, when the harness sends one
-    chain: list[str] = field(default_factory=list)  # proj/conv: digests of the messages covered, in order
+    chain: list[str] = field(default_factory=list)  # version 2's chain (the digests in order); now written empty
+    chain_n: int = 0  # conv: how many messages the file covers
+    chain_xxh64: str = ""  # conv: ``chain_digest`` of those messages' digests, in order
     expires: int = 0  # unix seconds after which the file is useless (proj: the end of its day); 0 never
     text_chars: int = 0  # conv: characters of the rendered prompt its tokens cover (0: unknown)
     text_xxh64: str = ""  # conv: digest of that text, so a request that starts with it tokenizes only the rest
@@ -59,6 +66,32 @@ class Entry:
     def to_json(self) -> dict[str, Any]:
         data = {name: value for name, value in asdict(self).items() if name != "extra"}
         return {**self.extra, **data}
+
+    def covers(self) -> tuple[int, str]:
+        """(how many messages, their chain's digest): from the compact fields, or from a version 2
+        entry's whole chain."""
+        if self.chain:
+            return len(self.chain), chain_digest(self.chain)
+        return self.chain_n, self.chain_xxh64
+
+
+def chain_digest(digests: Sequence[str]) -> str:
+    """One digest of a message chain (the messages' own digests in order, each 16 hex digits)."""
+    return xxhash.xxh64_hexdigest("".join(digests).encode())
+
+
+def prefix_digests(digests: Sequence[str], lengths: set[int]) -> dict[int, str]:
+    """``chain_digest(digests[:n])`` for every ``n`` in ``lengths`` (up to ``len(digests)``), in one
+    pass: a request is checked against every park's chain without a digest list per park."""
+    out: dict[int, str] = {}
+    running = xxhash.xxh64()
+    if 0 in lengths:
+        out[0] = running.hexdigest()
+    for i, digest in enumerate(digests, start=1):
+        running.update(digest.encode())
+        if i in lengths:
+            out[i] = running.hexdigest()
+    return out
 
 
 _ENTRY_FIELDS = frozenset(f.name for f in fields(Entry)) - {"extra"}
@@ -141,7 +174,8 @@ def _entry(raw: Any, fp: str, source: str) -> Entry:
     for name, kind in (("file", str), ("bytes", int), ("prefix_tokens", int), ("created", int),
                        ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str),
                        ("kind", str), ("identity", str), ("head", str), ("session", str), ("chain", list),
-                       ("expires", int), ("text_chars", int), ("text_xxh64", str)):
+                       ("chain_n", int), ("chain_xxh64", str), ("expires", int), ("text_chars", int),
+                       ("text_xxh64", str)):
         value = getattr(entry, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise IndexCorrupt(f"{source}: entry {fp!r} has {name}={value!r}, expected {kind.__name__}")

@@ -750,7 +750,7 @@ def test_run_gc_reads_a_version_1_index_as_heads_and_writes_version_2(tmp_path: 
     p = run_gc(s, dry_run=False, now=NOW)
     assert [(d.kind, d.rule, d.fingerprint) for d in p.to_delete] == [("head", "expired", A)]
     data = json.loads(s.index_path.read_text())
-    assert data["version"] == 2 and list(data["entries"]) == [B] and data["entries"][B]["kind"] == "head"
+    assert data["version"] == INDEX_VERSION and list(data["entries"]) == [B] and data["entries"][B]["kind"] == "head"
 
 
 def test_ocpc_gc_shows_each_file_kind(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path
 
     store.update(change)
     data = json.loads((tmp_path / "index.json").read_text())
-    assert data["version"] == 2 and data["current"] == {"http://x#slot0": fp}
+    assert data["version"] == 3 and data["current"] == {"http://x#slot0": fp}
     assert store.load().entries[fp] == entry(fp)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index-")] == []
 
@@ -72,7 +72,7 @@ def test_an_index_of_another_ocpc_version_reads_and_keeps_what_it_does_not_know(
     the rest back as it was, and never lower the version number. Before, any unknown field made the
     whole index corrupt: the parks were lost and gc was off."""
     fp = "0123456789abcdef"
-    newer = {"version": 3, "rollout": {"a": 1},
+    newer = {"version": 4, "rollout": {"a": 1},
              "entries": {fp: {**{k: v for k, v in entry(fp).to_json().items() if k != "chain"},
                               "tier": "ssd", "chunks": [1, 2]}},
              "current": {"http://x#slot0": fp}}
@@ -82,7 +82,7 @@ def test_an_index_of_another_ocpc_version_reads_and_keeps_what_it_does_not_know(
     assert index.entries[fp].file == f"oc-prefix-{fp}.bin" and index.entries[fp].chain == []
     store.update(lambda ix: setattr(ix.entries[fp], "last_used", 99))
     data = json.loads((tmp_path / "index.json").read_text())
-    assert data["version"] == 3 and data["rollout"] == {"a": 1}
+    assert data["version"] == 4 and data["rollout"] == {"a": 1}
     assert data["entries"][fp]["tier"] == "ssd" and data["entries"][fp]["chunks"] == [1, 2]
     assert data["entries"][fp]["last_used"] == 99 and data["current"] == {"http://x#slot0": fp}
 
