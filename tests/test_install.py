@@ -95,7 +95,7 @@ def test_user_edits_after_install_survive_uninstall(tmp_path: Path) -> None:
 def test_broken_config_is_refused_untouched(tmp_path: Path) -> None:
     config = tmp_path / "opencode.json"
     config.write_text('{"plugin": [')
-    with pytest.raises(jsonc.JsoncError):
+    with pytest.raises(InstallError, match=r"is not valid JSON .*line 1.*fix it .*did not touch it"):
         run_install(config)
     assert config.read_text() == '{"plugin": ['
 
