@@ -89,3 +89,14 @@ def install(settings: Settings, *, config_path: Path, provider_id: str, model: s
         said.append(f"use it: kilo run --model {provider_id}/{model} ...; start the proxy with `ocpc launch` "
                     f"or `ocpc proxy` (it forwards to {settings.base_url})")
     return said
+
+
+def base_url_in(config: dict[str, Any]) -> str | None:
+    """The base URL of the provider Kilo's default ``model`` (``provider/name``) names, if any."""
+    model = config.get("model")
+    providers = config.get("provider")
+    pid = model.split("/", 1)[0] if isinstance(model, str) and "/" in model else None
+    provider = providers.get(pid) if isinstance(providers, dict) and pid else None
+    options = provider.get("options") if isinstance(provider, dict) else None
+    url = options.get("baseURL") if isinstance(options, dict) else None
+    return url if isinstance(url, str) else None
