@@ -199,7 +199,7 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
 def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -> tuple[str, list[str]]:
     """The config minus exactly ocpc's changes, checked to still read in its format, and one
     line for each of ocpc's entries the user changed since (those stay)."""
-    by_hand = f"restore it by hand" + (f" (the original is in {record.backup})" if record.backup else "")
+    by_hand = "restore it by hand" + (f" (the original is in {record.backup})" if record.backup else "")
     try:
         text = current.decode("utf-8")
     except UnicodeDecodeError as exc:
