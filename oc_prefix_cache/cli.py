@@ -236,25 +236,20 @@ def demo(
         render_demo(data, model_path.name, Console())
 
 
-HARNESS_HELP = ("Which agent to wire: opencode (the plugin), claude-code (its settings' env -> the proxy), "
-                "pi (a models.json provider -> the proxy) or kilo-code (a kilo.json provider -> the proxy).")
+HARNESS_HELP = ("Which agent to wire: opencode (the plugin), or through the proxy: claude-code (its settings' env), "
+                "pi (models.json), kilo-code (kilo.json), codex (config.toml), aider (.aider.conf.yml), "
+                "qwen-code (.qwen/settings.json) or cline (providers.json).")
 
 
 def _config_path(config: Path | None, project: bool, harness: str = "opencode") -> Path:
     """The config file to edit: --config, else where the harness reads it (its own
-    variables, CLAUDE_CONFIG_DIR and PI_CODING_AGENT_DIR, included)."""
-    from .install import claude_code, kilo_code, opencode, pi
+    variables, CLAUDE_CONFIG_DIR, PI_CODING_AGENT_DIR, CODEX_HOME, CLINE_DIR..., included)."""
+    from .install import opencode, proxied
 
     if config is not None:
         return config
-    if harness == "kilo-code":
-        return kilo_code.default_config_path(project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
-    if harness == "claude-code":
-        return claude_code.default_config_path(project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
-    if harness == "pi":
-        if project:
-            raise OcpcError("pi reads providers only from its agent folder (~/.pi/agent/models.json); drop --project")
-        return pi.default_config_path(home=Path.home(), environ=os.environ)
+    if harness != "opencode":
+        return proxied.default_path(harness, project=project, cwd=Path.cwd(), home=Path.home(), environ=os.environ)
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return opencode.default_config_path(project=project, cwd=Path.cwd(), xdg_config_home=Path(xdg))
 
@@ -267,56 +262,69 @@ def _harness(value: str) -> str:
     return value
 
 
+def _proxy_why(settings: Settings) -> str:
+    given = os.environ.get("OC_PREFIX_CACHE_PROXY_PORT")
+    if given:
+        return f"OC_PREFIX_CACHE_PROXY_PORT={given}"
+    return f"the default port {settings.proxy_port}; set OC_PREFIX_CACHE_PROXY_PORT for another"
+
+
 @app.command()
 def install(
     harness: Annotated[str, typer.Option(help=HARNESS_HELP, callback=_harness)] = "opencode",
     config: Annotated[Path | None, typer.Option(help="The harness's config file to edit.")] = None,
     project: Annotated[bool, typer.Option("--project", help=(
-        "OpenCode: ./.opencode/; Claude Code: ./.claude/settings.local.json; instead of the user's config."))] = False,
+        "This folder's config instead of the user's: OpenCode ./.opencode/, Claude Code ./.claude/settings.local.json, "
+        "Kilo ./kilo.json, Aider ./.aider.conf.yml, Qwen Code ./.qwen/settings.json."))] = False,
     base_url: Annotated[str | None, typer.Option(
         envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL (OpenCode; the proxy forwards to it).")] = None,
     provider_id: Annotated[str | None, typer.Option(
-        help="Provider id to add: OpenCode (when none points at the server) 'llamacpp', pi 'ocpc'.")] = None,
+        help="Provider id to add: OpenCode (when none points at the server) 'llamacpp'; pi, Kilo, Codex 'ocpc'.")] = None,
     model: Annotated[str | None, typer.Option(help=(
-        "Model name: OpenCode and pi 'local'; Claude Code: sets ANTHROPIC_MODEL (default: not set)."))] = None,
+        "Model name: 'local' by default (Aider: openai/<name>); Claude Code: sets ANTHROPIC_MODEL (default: not set); "
+        "Codex: replaces your model only when given."))] = None,
     keep_title: Annotated[bool, typer.Option(help="OpenCode: keep its title request (it takes the slot).")] = False,
     opencode_version: Annotated[str | None, typer.Option(
         help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
     output_limit: Annotated[int | None, typer.Option(
-        help="Output token limit for a newly added model (OpenCode, pi).")] = None,
+        help="Output token limit for a newly added model (OpenCode, pi, Kilo).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change (and the diff); write nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: the config, the lines, the diff, the URLs.")] = False,
 ) -> None:
-    """Wire a harness to ocpc (default OpenCode: the plugin, and a provider if needed). Idempotent."""
-    from .install import claude_code, kilo_code, pi
+    """Wire a harness to ocpc (default OpenCode: the plugin, and a provider if needed). Idempotent, reversible."""
+    from dataclasses import replace
+
     from .install import install as install_opencode
+    from .install import proxied
 
     with edge():
         settings = Settings.from_env()
         path = _config_path(config, project, harness)
         if harness != "opencode" and (keep_title or opencode_version):
             raise OcpcError("--keep-title and --opencode-version are OpenCode's; drop them for --harness " + harness)
-        if harness == "claude-code" and (provider_id or output_limit):
-            raise OcpcError("Claude Code has no provider or output limit to set; drop --provider-id/--output-limit")
+        chosen = _chosen_server(settings, base_url, source="--base-url")
+        head = [f"llama-server: {chosen.url} ({chosen.why})"]
+        info: dict[str, Any] = {"harness": harness, "server": chosen.url, "server_why": chosen.why}
         if harness != "opencode":  # the proxy forwards to it: the lines below say which it is
-            from dataclasses import replace
-
-            settings = replace(settings, base_url=_chosen_server(settings, base_url, source="--base-url").url)
-        if harness == "claude-code":
-            said = claude_code.install(settings, config_path=path, model=model)
-        elif harness == "pi":
-            said = pi.install(settings, config_path=path, provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
-                              model=model or "local", output_limit=output_limit)
-        elif harness == "kilo-code":
-            said = kilo_code.install(settings, config_path=path, output_limit=output_limit, model=model or "local",
-                                     provider_id=provider_id or kilo_code.DEFAULT_PROVIDER_ID)
+            settings = replace(settings, base_url=chosen.url)
+            head.append(f"proxy: {settings.proxy_url} ({_proxy_why(settings)})")
+            info |= {"proxy_url": settings.proxy_url, "proxy_why": _proxy_why(settings)}
+            said = proxied.install(settings, harness, config_path=path, model=model, provider_id=provider_id,
+                                   output_limit=output_limit, environ=os.environ, dry_run=dry_run)
         else:
-            chosen = _chosen_server(settings, base_url, source="--base-url")
-            print(f"llama-server: {chosen.url} ({chosen.why})")
             said = install_opencode(settings, config_path=path, base_url=chosen.url,
                                     provider_id=provider_id or "llamacpp", model=model or "local",
-                                    keep_title=keep_title, opencode_version=opencode_version or _opencode_version(),
-                                    output_limit=output_limit)
-        for line in said or [f"nothing to change: {path} already has ocpc"]:
+                                    keep_title=keep_title, output_limit=output_limit, dry_run=dry_run,
+                                    opencode_version=opencode_version or (None if dry_run else _opencode_version()))
+        lines = list(said) or [f"nothing to change: {path} already has ocpc"]
+        if as_json:
+            print_json(info | {"config": said.config or str(path), "dry_run": dry_run, "changed": bool(said),
+                               "lines": lines, "diff": said.diff})
+            return
+        for line in head + lines:
             print(line)
+        if dry_run and said.diff:
+            print(said.diff, end="")
 
 
 @app.command()

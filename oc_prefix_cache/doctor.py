@@ -2,8 +2,9 @@
 
 Checks run in order and later ones are skipped when the server is down. Each check is a
 ``Check`` with ``ok``, ``warn`` or ``fail``; any ``fail`` makes the exit code non-zero.
-Each harness ``ocpc install`` wired to the proxy (Claude Code, pi) gets a check of its own:
-its config still points at the proxy, and the proxy answers there.
+Each harness ``ocpc install`` wired to the proxy (Claude Code, pi, Kilo, Codex, Aider, Qwen
+Code, Cline) gets a check of its own: its config still points at the proxy, and the proxy
+answers there.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from .install import (
     normalise_base_url,
     plugin_path_in_config,
 )
+from .install import aider, cline, codex, kilo_code, qwen_code
 from .install import claude_code as claude_install
 from .install import pi as pi_install
+from .install.edits import FormatError
+from .install.records import InstallRecord, format_of
 from .render import render_head
 from .server_info import (
     ResolvedServer,
@@ -52,6 +56,12 @@ from .server_info import (
 from .settings import Settings
 from .slot_client import SlotClient, Timeouts
 from .store import Store
+
+# harness -> the base URL its config selects (None: none); their doctor check is the same
+OTHERS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    kilo_code.HARNESS: kilo_code.base_url_in, codex.HARNESS: codex.base_url_in, aider.HARNESS: aider.base_url_in,
+    qwen_code.HARNESS: qwen_code.base_url_in, cline.HARNESS: cline.base_url_in,
+}
 
 SERVER_DEFAULT_MIN_STEP = 8192  # llama-server's --checkpoint-min-step when not given
 
@@ -336,6 +346,7 @@ def harness_checks(settings: Settings, *, cwd: Path, probe: Probe = probe_proxy)
     try:
         claude = installed(settings, claude_install.HARNESS)
         pis = installed(settings, pi_install.HARNESS)
+        others = [record for harness in OTHERS for record in installed(settings, harness)]
     except InstallError as exc:
         return [Check("harnesses", "warn", f"cannot read ocpc's install records: {exc}")]
     seen: dict[str, ProxyProbe] = {}
@@ -346,7 +357,34 @@ def harness_checks(settings: Settings, *, cwd: Path, probe: Probe = probe_proxy)
         return seen[url]
 
     return ([claude_code_check(settings, Path(r.config), cwd=cwd, probe=once) for r in claude]
-            + [pi_check(settings, Path(r.config), probe=once) for r in pis])
+            + [pi_check(settings, Path(r.config), probe=once) for r in pis]
+            + [proxied_check(settings, r, probe=once) for r in others])
+
+
+def proxied_check(settings: Settings, record: InstallRecord, *, probe: Probe = probe_proxy) -> Check:
+    """A harness whose install only points it at the proxy: the URL its config selects is
+    still the proxy's (read in the config's own format), and the proxy answers."""
+    name, config = record.harness, Path(record.config)
+    reinstall = f"run `ocpc install --harness {name}`"
+    try:
+        text = config_target(config).read_text()
+    except FileNotFoundError:
+        return Check(name, "warn", f"ocpc was installed into {config}, which is gone: {name} does not use the proxy",
+                     reinstall)
+    except (OSError, InstallError) as exc:
+        return Check(name, "warn", f"cannot read {config}: {exc}", reinstall)
+    try:
+        data = format_of(record).parse(text)
+    except (FormatError, InstallError) as exc:
+        return Check(name, "warn", f"{config} {exc}", reinstall)
+    url = OTHERS[name](data)
+    if url is None:
+        return Check(name, "warn", f"{config} no longer selects a provider at a base URL: {name} bypasses the proxy",
+                     reinstall)
+    if normalise_base_url(url) != normalise_base_url(settings.proxy_url):
+        return Check(name, "warn", f"{config} sends {name} to {url}, not to the proxy at {settings.proxy_url}",
+                     f"{reinstall}, or set OC_PREFIX_CACHE_PROXY_PORT to the port it names")
+    return _proxy_verdict(name, f"{config} sends {name} to the proxy", probe(normalise_base_url(url)))
 
 
 def claude_code_check(settings: Settings, config: Path, *, cwd: Path, probe: Probe = probe_proxy) -> Check:

@@ -21,6 +21,17 @@ class JsoncError(OcpcError):
 
 def blank_comments(text: str) -> str:
     """Replace comments and trailing commas with spaces; offsets stay the same."""
+    return _blank_trailing_commas(_blank_only_comments(text))
+
+
+def has_trailing_comma(text: str) -> bool:
+    """Whether a comma stands before a closing bracket: JSONC, but not JSON (JSON.parse,
+    which Claude Code, Cline and pi read their files with, refuses it)."""
+    clean = _blank_only_comments(text)
+    return _blank_trailing_commas(clean) != clean
+
+
+def _blank_only_comments(text: str) -> str:
     out = list(text)
     i, n = 0, len(text)
     in_string = False
@@ -50,8 +61,7 @@ def blank_comments(text: str) -> str:
             i = end
         else:
             i += 1
-    cleaned = "".join(out)
-    return _blank_trailing_commas(cleaned)
+    return "".join(out)
 
 
 def _blank_trailing_commas(text: str) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +48,30 @@ def head_tokens(client: SlotClient, body: dict[str, Any], markers: tuple[str, ..
     assert isinstance(head, Head)
     return list(render_head(client, parsed, head).tokens)
 
+
+
+def ocpc_cli(args: list[str], *, env: dict[str, str]) -> str:
+    """`ocpc ARGS` as a user runs it (a real process, this checkout's package); its stdout."""
+    done = subprocess.run([sys.executable, "-m", "oc_prefix_cache", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"ocpc {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def install_harness(harness: str, *, proxy_url: str, server_url: str, env: dict[str, str],
+                    args: tuple[str, ...] = ()) -> str:
+    """`ocpc install --harness HARNESS` pointing the agent at the proxy at ``proxy_url`` (its
+    port, as a user's OC_PREFIX_CACHE_PROXY_PORT) in front of ``server_url``; ``env`` names
+    the agent's HOME (and its own variables). Its output, which must say the proxy it used."""
+    said = ocpc_cli(["install", "--harness", harness, *args],
+                    env={"OC_PREFIX_CACHE_PROXY_PORT": proxy_url.rsplit(":", 1)[1],
+                         "OC_PREFIX_CACHE_BASE_URL": server_url, **env})
+    assert f"proxy: {proxy_url} (OC_PREFIX_CACHE_PROXY_PORT=" in said, said
+    print(said)
+    return said
+
+
+def uninstall_harness(harness: str, *, env: dict[str, str]) -> str:
+    said = ocpc_cli(["uninstall", "--harness", harness], env=env)
+    print(said)
+    return said

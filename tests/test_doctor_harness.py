@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from oc_prefix_cache import doctor
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.install import claude_code, pi
+from oc_prefix_cache.install import aider, claude_code, cline, codex, kilo_code, pi, qwen_code
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.proxy import Proxy as ProxyApp
 from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
@@ -101,7 +101,39 @@ def checks(cwd: Path) -> dict[str, doctor.Check]:
     return {c.name: c for c in doctor.harness_checks(Settings.from_env(), cwd=cwd)}
 
 
-INSTALLERS = {"claude-code": claude_installed, "pi": pi_installed}
+def codex_installed(home: Path) -> Path:
+    config = home / ".codex" / "config.toml"
+    codex.install(Settings.from_env(), config_path=config, provider_id="ocpc")
+    return config
+
+
+def aider_installed(home: Path) -> Path:
+    config = home / ".aider.conf.yml"
+    aider.install(Settings.from_env(), config_path=config)
+    return config
+
+
+def qwen_installed(home: Path) -> Path:
+    config = home / ".qwen" / "settings.json"
+    qwen_code.install(Settings.from_env(), config_path=config)
+    return config
+
+
+def cline_installed(home: Path) -> Path:
+    config = home / ".cline" / "data" / "settings" / "providers.json"
+    cline.install(Settings.from_env(), config_path=config)
+    return config
+
+
+def kilo_installed(home: Path) -> Path:
+    config = home / "config" / "kilo" / "kilo.json"
+    kilo_code.install(Settings.from_env(), config_path=config, provider_id="ocpc", model="qwen")
+    return config
+
+
+INSTALLERS = {"claude-code": claude_installed, "pi": pi_installed, "codex": codex_installed,
+              "aider": aider_installed, "qwen-code": qwen_installed, "cline": cline_installed,
+              "kilo-code": kilo_installed}
 
 
 @pytest.mark.parametrize("harness", INSTALLERS)
@@ -171,6 +203,23 @@ def test_a_project_setting_that_overrides_the_proxy_warns(isolated_home: Path, t
     check = checks(project)["claude-code"]
     assert check.status == "warn" and "settings.local.json" in check.detail, check
     assert checks(tmp_path)["claude-code"].status == "ok"
+
+
+@pytest.mark.parametrize("harness, moved", [
+    ("codex", ('base_url = "http://127.0.0.1:', 'base_url = "http://127.0.0.1:1')),
+    ("aider", ("openai-api-base: http://127.0.0.1:", "openai-api-base: http://127.0.0.1:1")),
+    ("qwen-code", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
+    ("cline", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
+])
+def test_a_toml_yaml_or_json_config_sent_elsewhere_warns(harness: str, moved: tuple[str, str], isolated_home: Path,
+                                                         tmp_path: Path, proxy: Proxy) -> None:
+    proxy()
+    config = INSTALLERS[harness](isolated_home)
+    config.write_text(config.read_text().replace(*moved))
+    check = checks(tmp_path)[harness]
+    assert check.status == "warn" and "not to the proxy" in check.detail and f"--harness {harness}" in check.fix, check
+    config.write_text("not: [valid")
+    assert checks(tmp_path)[harness].status == "warn"
 
 
 def test_a_config_deleted_since_install_warns(isolated_home: Path, tmp_path: Path, proxy: Proxy) -> None:

@@ -6,6 +6,11 @@ one after a server restart: every first request after the first restores the hea
 head, and a new session in a project it has seen processes only its last message: the typed text and
 the edit format's reminder that Aider appends after it (~190 tokens, about a quarter of its small
 prompt, so not the 2% of the agents whose prompts are large and whose typed text comes last).
+
+Aider is pointed at the proxy by `ocpc install --harness aider` (a real process) in the home
+folder's `.aider.conf.yml`, over the user's own (another model chosen, with a comment): the
+install replaces the model in place, Aider follows the file, and `ocpc uninstall` gives the
+user's file back byte for byte.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import httpx
 import pytest
 
 from .harness_bins import Bin
+from .helpers import install_harness, uninstall_harness
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -35,12 +41,27 @@ def aider_bin() -> Path:
     return BIN.install()
 
 
-def run_aider(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> str:
+USERS_CONFIG = """# my aider settings
+model: sonnet   # the one I use at work
+dark-mode: true
+"""
+
+
+def aider_home(home: Path, proxy_url: str, server_url: str) -> Path:
+    """A HOME whose .aider.conf.yml the user had, pointed at the proxy by `ocpc install --harness aider`."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / ".aider.conf.yml").write_text(USERS_CONFIG)
+    said = install_harness("aider", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)},
+                           args=("--model", "local-model"))
+    assert "replaced your model: 'sonnet' with 'openai/local-model'" in said, said
+    return home
+
+
+def run_aider(binary: Path, home: Path, project: Path, prompt: str) -> str:
+    """One session; the model, base URL and key come from the installed ~/.aider.conf.yml only."""
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    args = ["--model", "openai/local-model", "--openai-api-base", f"{proxy_url}/v1", "--openai-api-key", "dummy",
-            "--no-auto-commits", "--yes-always", "--no-check-update", "--no-show-model-warnings",
+    args = ["--no-auto-commits", "--yes-always", "--no-check-update", "--no-show-model-warnings",
             "--analytics-disable", "--no-show-release-notes", "--no-gitignore", "--no-pretty", "--no-fancy-input",
             "--message", prompt]
     proc = subprocess.run([str(binary), *args], cwd=project, env=env, stdin=subprocess.DEVNULL,
@@ -66,17 +87,20 @@ def test_aider_sessions_are_served_from_the_head_and_the_project_head(llama_serv
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
     rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        home = aider_home(tmp_path / "aider-home", proxy.url, server.url)
         for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
                                        ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
             if restart:
                 server.restart()
-            run_aider(aider_bin, tmp_path / "aider-home", project, proxy.url, "say ok")
+            run_aider(aider_bin, home, project, "say ok")
             requests = proxy.new_requests()
             assert requests, f"no request reached the proxy for {name}"
             rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
                 "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
                 for i, r in enumerate(requests)]
         counters = proxy.status()["counters"]
+    uninstall_harness("aider", env={"HOME": str(home)})
+    assert (home / ".aider.conf.yml").read_text() == USERS_CONFIG  # the user's file, byte for byte
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     firsts = [row for row in rows if row["request"] == 1]
     assert all(row["adapter"] == "aider" and row["path"].startswith("/v1/chat/completions") for row in rows), rows

@@ -1,9 +1,11 @@
 """End to end: the real Cline CLI 3.0.65 binary (`cline "say ok"`), `ocpc proxy` as a real process, and a
 real llama-server (tiny hybrid model, every reply ending at once). Cline speaks chat completions
-through the AI SDK's OpenAI-compatible provider (`cline auth -p openai -b <proxy>/v1`). Two sessions
-in project A, one in project B, one after a server restart: every first request after the first
-restores the head or the project head, and a new session in a project it has seen processes at most
-2% of the first session's prompt tokens.
+through the AI SDK's OpenAI-compatible provider, which `ocpc install --harness cline` (a real
+process) points at the proxy in its providers.json, as `cline auth -p openai -b <proxy>/v1` would
+but reversibly. Two sessions in project A, one in project B, one after a server restart: every first
+request after the first restores the head or the project head, and a new session in a project it has
+seen processes at most 2% of the first session's prompt tokens. Cline rewrites providers.json on
+each run; `ocpc uninstall` still takes exactly ocpc's entries out (here: the whole file it created).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
+from .helpers import install_harness, uninstall_harness
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -37,14 +40,15 @@ def cline_env(home: Path) -> dict[str, str]:
             "CLINE_SESSION_BACKEND_MODE": "local", "CLINE_NO_AUTO_UPDATE": "1"}
 
 
-def cline_home(binary: Path, home: Path, proxy_url: str) -> Path:
-    """A HOME whose Cline provider is the proxy (OpenAI compatible), as `cline auth` writes it."""
+PROVIDERS = Path(".cline") / "data" / "settings" / "providers.json"
+
+
+def cline_home(home: Path, proxy_url: str, server_url: str) -> Path:
+    """A HOME whose Cline provider is the proxy (OpenAI compatible), written by `ocpc install --harness cline`."""
     home.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([str(binary), "auth", "-p", "openai", "-k", "dummy", "-m", "local-model", "-b",
-                           f"{proxy_url}/v1"], cwd=home, env=cline_env(home), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, f"cline auth failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-    assert (home / ".cline" / "data" / "settings" / "providers.json").exists()
+    install_harness("cline", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)},
+                    args=("--model", "local-model"))
+    assert (home / PROVIDERS).exists()
     return home
 
 
@@ -65,7 +69,7 @@ def test_cline_sessions_are_served_from_the_head_and_the_project_head(llama_serv
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
     rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        home = cline_home(cline_bin, tmp_path / "cline-home", proxy.url)
+        home = cline_home(tmp_path / "cline-home", proxy.url, server.url)
         for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
                                        ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
             if restart:
@@ -77,6 +81,9 @@ def test_cline_sessions_are_served_from_the_head_and_the_project_head(llama_serv
                 "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
                 for i, r in enumerate(requests)]
         counters = proxy.status()["counters"]
+    print((home / PROVIDERS).read_text())  # as Cline left it
+    assert "removed" in uninstall_harness("cline", env={"HOME": str(home)})
+    assert not (home / PROVIDERS).exists()
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     firsts = [row for row in rows if row["request"] == 1]
     assert all(row["adapter"] == "cline" and row["path"].startswith("/v1/chat/completions") for row in rows), rows

@@ -4,6 +4,10 @@ API: the proxy prepares `/v1/responses` from the server's own conversion (respon
 with `id_slot`, which b11434 keeps there. Two sessions in project A, one in project B, one after a
 server restart: every first request after the first restores the head or the project head, and a new
 session in a project it has seen processes at most 2% of the first session's prompt tokens.
+
+Codex is pointed at the proxy by `ocpc install --harness codex` (a real process), over a user's
+config.toml that selects another provider: the install replaces that choice, Codex follows
+it, and `ocpc uninstall` gives the user's file back byte for byte.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
+from .helpers import install_harness, uninstall_harness
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -31,18 +36,32 @@ def codex_bin() -> Path:
     return BIN.install()
 
 
-def codex_home(path: Path, proxy_url: str) -> Path:
-    """A CODEX_HOME whose provider is the proxy (Responses wire API), as a user's config.toml says it."""
+USERS_CONFIG = """# my Codex setup
+model_provider = "openai"
+approval_policy = "never"
+
+[profiles.fast]
+model = "gpt-5-mini"
+"""
+
+
+def codex_home(path: Path, proxy_url: str, server_url: str) -> Path:
+    """A CODEX_HOME whose config.toml the user had (another provider selected), then pointed at the
+    proxy by `ocpc install --harness codex`: a Responses-API provider, selected."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(
-        'model = "local-model"\nmodel_provider = "local"\n\n[model_providers.local]\nname = "local"\n'
-        f'base_url = "{proxy_url}/v1"\nwire_api = "responses"\n')
+    (path / "config.toml").write_text(USERS_CONFIG)
+    said = install_harness("codex", proxy_url=proxy_url, server_url=server_url, env=codex_env(path),
+                           args=("--model", "local-model"))
+    assert "replaced your model_provider = 'openai'" in said, said
     return path
 
 
+def codex_env(home: Path) -> dict[str, str]:
+    return {"HOME": str(home.parent), "CODEX_HOME": str(home)}
+
+
 def run_codex(binary: Path, home: Path, project: Path, prompt: str) -> str:
-    env = {"HOME": str(home.parent), "CODEX_HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC",
-           "LANG": "C.UTF-8"}
+    env = {**codex_env(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8"}
     proc = subprocess.run([str(binary), "exec", "--skip-git-repo-check", prompt], cwd=project, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"codex failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -56,7 +75,7 @@ def test_codex_sessions_are_served_from_the_head_and_the_project_head(llama_serv
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
     rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        home = codex_home(tmp_path / "home" / ".codex", proxy.url)
+        home = codex_home(tmp_path / "home" / ".codex", proxy.url, server.url)
         for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
                                        ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
             if restart:
@@ -68,6 +87,8 @@ def test_codex_sessions_are_served_from_the_head_and_the_project_head(llama_serv
                 "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
                 for i, r in enumerate(requests)]
         counters = proxy.status()["counters"]
+    uninstall_harness("codex", env=codex_env(home))
+    assert (home / "config.toml").read_text() == USERS_CONFIG  # the user's file, byte for byte
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     firsts = [row for row in rows if row["request"] == 1]
     assert all(row["adapter"] == "codex" and row["path"].startswith("/v1/responses") for row in rows), rows

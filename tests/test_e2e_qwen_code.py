@@ -1,8 +1,11 @@
 """End to end: the real Qwen Code 0.24.4 binary (`qwen -p`), `ocpc proxy` as a real process, and a
-real llama-server (tiny hybrid model, every reply ending at once). Qwen Code speaks chat completions
-(`OPENAI_BASE_URL`). Two sessions in project A, one in project B, one after a server restart: every
-session's first turn after the first restores the head or the project head, and a new session in a
-project it has seen processes at most 2% of the first session's prompt tokens.
+real llama-server (tiny hybrid model, every reply ending at once). Qwen Code speaks chat completions;
+it is pointed at the proxy by `ocpc install --harness qwen-code` (a real process): a `modelProviders`
+entry in ~/.qwen/settings.json, selected, which wins over the shell's own `OPENAI_BASE_URL` (set here
+to a port where nothing listens); `ocpc uninstall` removes the file it created. Two sessions in
+project A, one in project B, one after a server restart: every session's first turn after the first
+restores the head or the project head, and a new session in a project it has seen processes at most
+2% of the first session's prompt tokens.
 
 Each run also sends a memory-extraction request after its turn (its own system prompt): it has a
 head of its own and is left out of the bound, which is about the sessions' turns.
@@ -17,7 +20,10 @@ from typing import Any
 
 import pytest
 
+from oc_prefix_cache.llama_process import free_port
+
 from .harness_bins import Bin
+from .helpers import install_harness, uninstall_harness
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -33,10 +39,10 @@ def qwen_bin() -> Path:
     return BIN.install()
 
 
-def run_qwen(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> subprocess.CompletedProcess[str]:
+def run_qwen(binary: Path, home: Path, project: Path, prompt: str) -> subprocess.CompletedProcess[str]:
+    """One session: where it sends its requests comes from the installed settings.json alone."""
     env = {"HOME": str(home), "PATH": f"{Path(binary).resolve().parent}:/usr/local/bin:/usr/bin:/bin", "TERM": "dumb",
-           "TZ": "UTC", "LANG": "C.UTF-8", "OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": "dummy",
-           "OPENAI_MODEL": "local-model"}
+           "TZ": "UTC", "LANG": "C.UTF-8", "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1"}
     return subprocess.run([str(binary), "-p", prompt], cwd=project, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
 
@@ -49,12 +55,16 @@ def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(llama_
     home = tmp_path / "qwen-home"
     home.mkdir()
     rows: list[dict[str, Any]] = []
+    settings = home / ".qwen" / "settings.json"
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        install_harness("qwen-code", proxy_url=proxy.url, server_url=server.url, env={"HOME": str(home)},
+                        args=("--model", "local-model"))
+        installed = settings.read_bytes()
         for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
                                        ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
             if restart:
                 server.restart()
-            done = run_qwen(qwen_bin, home, project, proxy.url, "say ok")
+            done = run_qwen(qwen_bin, home, project, "say ok")
             requests = proxy.new_requests()
             assert requests, f"no request reached the proxy for {name}: {done.stdout[-1500:]}\n{done.stderr[-1500:]}"
             # the tiny model's reply is empty (END_AT_ONCE): Qwen Code retries it, then exits 1 saying so
@@ -65,6 +75,9 @@ def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(llama_
                 "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
                 for i, r in enumerate(requests)]
         counters = proxy.status()["counters"]
+    assert settings.read_bytes() == installed  # $version 4: Qwen Code had nothing to migrate
+    assert "removed" in uninstall_harness("qwen-code", env={"HOME": str(home)})
+    assert not settings.exists()
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     turns = [r for r in rows if r["request"] == 1]  # each run's turn; the memory extraction follows it
     assert turns[0]["action"] == "warmed", turns[0]

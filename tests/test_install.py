@@ -95,7 +95,7 @@ def test_user_edits_after_install_survive_uninstall(tmp_path: Path) -> None:
 def test_broken_config_is_refused_untouched(tmp_path: Path) -> None:
     config = tmp_path / "opencode.json"
     config.write_text('{"plugin": [')
-    with pytest.raises(jsonc.JsoncError):
+    with pytest.raises(InstallError, match=r"is not valid JSON .*line 1.*fix it .*did not touch it"):
         run_install(config)
     assert config.read_text() == '{"plugin": ['
 
@@ -391,3 +391,18 @@ def test_npm_files_are_recorded_even_when_the_config_needed_no_edit(isolated_hom
     assert config.read_text() == text  # the config was never ours to change
     assert not (config.parent / "node_modules").exists() and not (config.parent / "package.json").exists()
     assert any("npm files" in line for line in said), said
+
+
+def test_dry_run_writes_nothing_and_shows_the_diff(isolated_home: Path, tmp_path: Path) -> None:
+    """`ocpc install --dry-run`: no plugin copy, no config, no backup, no record, no npm run;
+    the lines and the unified diff of what install would write."""
+    config = tmp_path / "opencode.json"
+    config.write_text('{\n  "theme": "dark"\n}\n')
+    result = runner.invoke(app, ["install", "--config", str(config), "--dry-run", "--opencode-version", "1.18.33",
+                                 "--base-url", URL])
+    assert result.exit_code == 0, result.output
+    assert "would have copied the plugin" in result.output and "would pre-install @opencode-ai/plugin@1.18.33" in result.output
+    assert '+  "plugin": [' in result.output and "wrote nothing" in result.output
+    assert config.read_text() == '{\n  "theme": "dark"\n}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "home", "opencode.json"]
+    assert not Settings.from_env().home.exists() or not any(Settings.from_env().home.iterdir())

@@ -343,7 +343,7 @@ def test_cli_pi_default_path_model_and_refusals(isolated_home: Path, tmp_path: P
     assert json.loads(models.read_text())["providers"]["ocpc"]["models"] == [{"id": "qwen3.5-2b"}]
     assert runner.invoke(app, ["install", "--harness", "pi", "--project"]).exit_code == 1
     assert "OpenCode's" in runner.invoke(app, ["install", "--harness", "pi", "--keep-title"]).output
-    assert runner.invoke(app, ["install", "--harness", "codex"]).exit_code != 0
+    assert runner.invoke(app, ["install", "--harness", "crush"]).exit_code != 0  # no config install for it
     assert runner.invoke(app, ["uninstall", "--harness", "pi"]).exit_code == 0 and not models.exists()
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "agent"))
     assert runner.invoke(app, ["install", "--harness", "pi"]).exit_code == 0
@@ -442,3 +442,17 @@ def test_kilo_existing_config_keeps_its_model_and_comments_and_comes_back_byte_f
         kilo_install(config, provider_id="ollama")
     uninstall(settings(), config_path=config, harness="kilo-code")
     assert config.read_text() == KILO
+
+
+def test_a_snippet_found_elsewhere_leaves_no_trailing_comma(tmp_path: Path) -> None:
+    """install put the env block into an empty settings object (a snippet with no comma of
+    its own); Claude Code re-serialised the file with a key before it. Cutting that snippet
+    where it now is left `"theme": "dark",}`: JSONC, but JSON.parse (Claude Code, Cline, pi)
+    refuses it. Such a snippet is taken out by its path instead."""
+    config = tmp_path / "settings.json"
+    config.write_text("{}\n")
+    claude_install(config)
+    data = jsonc.loads(config.read_text())
+    config.write_text(json.dumps({"theme": "dark"} | data, indent=2))
+    uninstall(settings(), config_path=config, harness="claude-code")
+    assert json.loads(config.read_text()) == {"theme": "dark"}  # strict JSON, as Claude Code reads it

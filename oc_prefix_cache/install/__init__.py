@@ -2,11 +2,17 @@
 
 - OpenCode (``opencode``): the plugin, through OpenCode's config (``opencode.py``);
 - Claude Code (``claude_code.py``): the ``env`` block of its settings file -> the proxy;
-- pi (``pi.py``): a provider in ``models.json`` -> the proxy, with session-affinity headers.
+- pi (``pi.py``): a provider in ``models.json`` -> the proxy, with session-affinity headers;
+- Kilo Code (``kilo_code.py``): a provider in ``kilo.json``;
+- Codex CLI (``codex.py``): a Responses-API provider in ``config.toml``, selected;
+- Aider (``aider.py``): the model and base URL in ``.aider.conf.yml``;
+- Qwen Code (``qwen_code.py``): a ``modelProviders`` entry in ``settings.json``, selected;
+- Cline CLI (``cline.py``): its OpenAI-compatible provider in ``providers.json``, selected.
 
 Each harness module only plans its entries; ``records.py`` makes every edit the same way
-(text edits that keep comments, a backup, a record per config) and undoes it: the file back
-byte for byte, or, if the user edited it since, exactly ocpc's entries removed. Symlinked
+(in the config's format, ``*_format.py``, keeping comments; a backup, a record per config)
+and undoes it: the file back byte for byte, or, if the user or the agent edited it since,
+exactly ocpc's entries removed. Symlinked
 configs are edited behind the link with their mode kept; a config deleted since install is
 left deleted. ``npm.py`` is OpenCode's SDK pre-install; ``plugin.py`` the plugin copy.
 """
@@ -30,6 +36,7 @@ from .records import (
     Edit,
     InstallError,
     InstallRecord,
+    Said,
     absolute,
     config_target,
     installed,
@@ -40,13 +47,13 @@ from .records import (
     write_records,
 )
 
-HARNESSES = ("opencode", "claude-code", "pi", "kilo-code")
+HARNESSES = ("opencode", "claude-code", "pi", "kilo-code", "codex", "aider", "qwen-code", "cline")
 
 __all__ = [
     "HARNESSES", "PLUGIN_NAME", "Edit", "InstallError", "InstallRecord", "NpmEntry", "PluginCopy", "absolute",
     "config_target", "default_config_path", "install", "installed", "installed_plugin_state", "load_records",
     "normalise_base_url", "packaged_plugin", "parse_record", "plan_edits", "plugin_path_in_config",
-    "plugin_version", "restore_config", "uninstall", "write_records",
+    "plugin_version", "restore_config", "Said", "uninstall", "write_records",
 ]
 
 

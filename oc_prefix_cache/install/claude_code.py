@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import Settings
-from .records import Edit, InstallError, edit_config, normalise_base_url
+from .records import Edit, InstallError, Said, edit_config, normalise_base_url
 
 HARNESS = "claude-code"
 DUMMY_TOKEN = "ocpc-local"
@@ -92,14 +92,14 @@ def _same(key: str, current: Any, wanted: str) -> bool:
     return current == wanted
 
 
-def install(settings: Settings, *, config_path: Path, model: str | None = None) -> list[str]:
+def install(settings: Settings, *, config_path: Path, model: str | None = None, dry_run: bool = False) -> Said:
     """Point Claude Code at ``settings.proxy_url``; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, model=model)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy)
+    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
         said.append(f"start the proxy with `ocpc launch` or `ocpc proxy` (it forwards to {settings.base_url}); "
                     "a project's .claude/settings(.local).json env still wins over this file")

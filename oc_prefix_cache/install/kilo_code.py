@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import Settings
-from .records import Edit, InstallError, edit_config, normalise_base_url
+from .records import Edit, InstallError, Said, edit_config, normalise_base_url
 
 HARNESS = "kilo-code"
 DEFAULT_PROVIDER_ID = "ocpc"
@@ -77,15 +77,26 @@ def _complete(existing: Any, *, provider_id: str, base: str, model: str, model_e
 
 
 def install(settings: Settings, *, config_path: Path, provider_id: str, model: str,
-            output_limit: int | None = None) -> list[str]:
+            output_limit: int | None = None, dry_run: bool = False) -> Said:
     """Add (or complete) the proxy provider; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, provider_id=provider_id, model=model, output_limit=output_limit)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy)
+    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
         said.append(f"use it: kilo run --model {provider_id}/{model} ...; start the proxy with `ocpc launch` "
                     f"or `ocpc proxy` (it forwards to {settings.base_url})")
     return said
+
+
+def base_url_in(config: dict[str, Any]) -> str | None:
+    """The base URL of the provider Kilo's default ``model`` (``provider/name``) names, if any."""
+    model = config.get("model")
+    providers = config.get("provider")
+    pid = model.split("/", 1)[0] if isinstance(model, str) and "/" in model else None
+    provider = providers.get(pid) if isinstance(providers, dict) and pid else None
+    options = provider.get("options") if isinstance(provider, dict) else None
+    url = options.get("baseURL") if isinstance(options, dict) else None
+    return url if isinstance(url, str) else None

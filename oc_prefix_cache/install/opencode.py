@@ -14,7 +14,7 @@ from typing import Any
 from ..settings import Settings
 from .npm import preinstall_plugin_sdk, record_npm
 from .plugin import install_plugin_files
-from .records import Edit, InstallError, absolute, edit_config, normalise_base_url
+from .records import Edit, InstallError, Said, absolute, edit_config, normalise_base_url
 
 CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
 TITLE_OFF = "disabled the title request (it would take the slot before each first request)"
@@ -75,20 +75,25 @@ def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
 
 def install(settings: Settings, *, config_path: Path, base_url: str, provider_id: str, model: str,
             keep_title: bool = False, opencode_version: str | None = None,
-            output_limit: int | None = None) -> list[str]:
+            output_limit: int | None = None, dry_run: bool = False) -> Said:
     """Install; returns one line per change (empty when there was nothing to do)."""
     config_path = absolute(config_path)  # the npm folder is recorded as its parent
     said: list[str] = []
-    plugin_path = install_plugin_files(settings, base_url, said)
+    plugin_path = install_plugin_files(settings, base_url, said, dry_run=dry_run)
 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, plugin_url=plugin_path.as_uri(), base_url=base_url, provider_id=provider_id,
                           model=model, keep_title=keep_title, output_limit=output_limit)
 
-    said += edit_config(settings, config_path=config_path, harness="opencode", plan=plan)
+    edited = edit_config(settings, config_path=config_path, harness="opencode", plan=plan, dry_run=dry_run)
+    result = Said(said + edited, config=edited.config, diff=edited.diff, dry_run=dry_run)
+    if dry_run:
+        if opencode_version:
+            result.append(f"would pre-install @opencode-ai/plugin@{opencode_version} in {config_path.parent}")
+        return result
     if opencode_version:
         npm_said, npm = preinstall_plugin_sdk(config_path.parent, opencode_version)
-        said += npm_said
+        result += npm_said
         if npm is not None and npm.created:
             record_npm(settings, config_path, npm)
-    return said
+    return result

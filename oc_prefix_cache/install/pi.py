@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import Settings
-from .records import Edit, InstallError, edit_config, normalise_base_url
+from .records import Edit, InstallError, Said, edit_config, normalise_base_url
 
 HARNESS = "pi"
 DEFAULT_PROVIDER_ID = "ocpc"
@@ -82,14 +82,14 @@ def _complete(existing: Any, *, path: tuple[str, ...], base: str, model: str,
 
 
 def install(settings: Settings, *, config_path: Path, provider_id: str, model: str,
-            output_limit: int | None = None) -> list[str]:
+            output_limit: int | None = None, dry_run: bool = False) -> Said:
     """Add (or complete) the proxy provider; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, provider_id=provider_id, model=model, output_limit=output_limit)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy)
+    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
         said.append(f"use it: pi --provider {provider_id} --model {model}; start the proxy with `ocpc launch` "
                     f"or `ocpc proxy` (it forwards to {settings.base_url})")

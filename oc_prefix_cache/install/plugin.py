@@ -106,19 +106,23 @@ def _version_key(version: str | None) -> tuple[int, ...] | None:
     return tuple(int(part) for part in version.split("."))
 
 
-def install_plugin_files(settings: Settings, base_url: str, said: list[str]) -> Path:
-    """The plugin and the settings it reads, in ocpc's own folder (not the user's config)."""
+def install_plugin_files(settings: Settings, base_url: str, said: list[str], *, dry_run: bool = False) -> Path:
+    """The plugin and the settings it reads, in ocpc's own folder (not the user's config);
+    with ``dry_run``, only what would be written is said."""
     plugin = packaged_plugin()
     target = installed_plugin_path(settings)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    would = "would have " if dry_run else ""
     if not target.exists() or target.read_bytes() != plugin.data:
-        write_atomic(target, plugin.data)
-        said.append(f"copied the plugin{f' {plugin.version}' if plugin.version else ''} to {target}")
+        if not dry_run:
+            write_atomic(target, plugin.data)
+        said.append(f"{would}copied the plugin{f' {plugin.version}' if plugin.version else ''} to {target}")
     plugin_settings = {"daemonUrl": settings.daemon_url, "baseURL": normalise_base_url(base_url),
                        "logFile": str(settings.log_dir / "plugin.jsonl")}
     settings_path = target.parent / "ocpc-plugin.json"
     data = (json.dumps(plugin_settings, indent=2) + "\n").encode()
     if not settings_path.exists() or settings_path.read_bytes() != data:
-        write_atomic(settings_path, data)
-        said.append(f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})")
+        if not dry_run:
+            write_atomic(settings_path, data)
+        said.append(f"{would}written {settings_path} (daemon {settings.daemon_url}, server {base_url})"
+                    if dry_run else f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})")
     return target

@@ -1,18 +1,20 @@
 """What every harness install shares: the edit itself, the backup, the record, and the way back.
 
-An install reads the harness's config as text (JSON with comments allowed), plans the
-entries ocpc needs (a pure function per harness), inserts or replaces exactly those, and
-writes the file behind any symlink, keeping its mode. Before that it backs the original up
-and records each change in ``$OC_PREFIX_CACHE_HOME/install.json``, keyed by the config's
-path. Uninstall then restores the backup byte for byte when nobody changed the file since,
-or undoes exactly ocpc's changes: each inserted snippet is cut where it is, or, when a tool
-re-serialised the file, the member it added is found by its path and removed while it
-still holds ocpc's value; a value ocpc replaced goes back to the user's while it is still
-ocpc's. Whatever the user changed since is kept, and said.
+An install reads the harness's config as text in its format (JSON with comments, TOML or
+YAML: ``json_format``, ``toml_format``, ``yaml_format``), plans the entries ocpc needs (a pure
+function per harness), has the format insert or replace exactly those, and writes the file
+atomically behind any symlink, keeping its mode. Before that it backs the original up and
+records each change in ``$OC_PREFIX_CACHE_HOME/install.json``, keyed by the config's path.
+Uninstall then restores the backup byte for byte when nobody changed the file since, or
+undoes exactly ocpc's changes: an entry ocpc added is taken out while it still holds ocpc's
+value, a value ocpc replaced goes back to the user's while it is still ocpc's. Whatever the
+user changed since is kept, and said. ``--dry-run`` plans and checks all of it, and writes
+nothing.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -21,33 +23,27 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from .. import jsonc
-from ..errors import OcpcError
 from ..files import write_atomic
 from ..settings import Settings
+from .edits import ConfigFormat, Edit, EditKind, FormatError, InstallError
+from .json_format import JSON
 
-EditKind = Literal["member", "append", "replace"]
-
-
-class InstallError(OcpcError):
-    """A harness's config cannot be changed (or put back) safely."""
+__all__ = ["ConfigFormat", "Edit", "EditKind", "FormatError", "InstallError", "InstallRecord", "Said"]
 
 
-@dataclass(frozen=True)
-class Edit:
-    """One change to a config: add ``key: value`` to the object at ``path`` (``member``),
-    add ``value`` to the array ``key`` there (``append``), or set ``key``'s value (``replace``)."""
+class Said(list[str]):
+    """What an install did (or, in a dry run, would do), one line per change, as a list; and,
+    for ``--json`` and ``--dry-run``, the config it edits, the unified diff of its text, and
+    whether anything was written."""
 
-    path: tuple[str, ...]
-    key: str
-    value: Any
-    says: str
-    kind: EditKind = "member"
-    # An object whose members are each ocpc's own (Claude Code's ``env`` block): when the user
-    # adds to it, uninstall takes out ocpc's members and leaves the object with theirs.
-    container: bool = False
+    def __init__(self, lines: list[str] | None = None, *, config: str = "", diff: str = "",
+                 dry_run: bool = False) -> None:
+        super().__init__(lines or [])
+        self.config = config
+        self.diff = diff
+        self.dry_run = dry_run
 
 
 @dataclass
@@ -70,6 +66,7 @@ class InstallRecord:
     npm_lock_sha256: str | None = None
     harness: str = "opencode"
     proxy_url: str | None = None  # where a proxy harness was sent (doctor compares)
+    format: str = "json"  # how the config is read and un-edited (records from before: JSON)
 
 
 def normalise_base_url(url: str) -> str:
@@ -102,8 +99,9 @@ def config_target(config_path: Path) -> Path:
     return target
 
 
-def read_config(config_path: Path) -> tuple[Path, bool, bytes, str, dict[str, Any]]:
-    """The file behind ``config_path``, whether it exists, its bytes, text and parsed object."""
+def read_config(config_path: Path, fmt: ConfigFormat = JSON) -> tuple[Path, bool, bytes, str, dict[str, Any]]:
+    """The file behind ``config_path``, whether it exists, its bytes, text and parsed object.
+    A file that does not parse stops the install here, untouched, saying what is wrong."""
     target = config_target(config_path)
     existed = target.exists()
     original = target.read_bytes() if existed else b""
@@ -111,22 +109,26 @@ def read_config(config_path: Path) -> tuple[Path, bool, bytes, str, dict[str, An
         text = original.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InstallError(f"{config_path} is not UTF-8 text; not touching it") from exc
-    config = jsonc.loads(text)
-    if not isinstance(config, dict):
-        raise InstallError(f"{config_path} is not a JSON object; not touching it")
+    try:
+        config = fmt.parse(text)
+    except FormatError as exc:
+        raise InstallError(f"{config_path} {exc}; fix it (or move it away), then run install again. "
+                           "ocpc did not touch it") from exc
     return target, existed, original, text, config
 
 
 def edit_config(settings: Settings, *, config_path: Path, harness: str,
-                plan: Callable[[dict[str, Any]], list[Edit]], proxy_url: str | None = None) -> list[str]:
+                plan: Callable[[dict[str, Any]], list[Edit]], proxy_url: str | None = None,
+                fmt: ConfigFormat = JSON, dry_run: bool = False) -> Said:
     """Apply ``plan``'s edits to the config, backed up and recorded; one line per change.
 
     Every harness goes through here, so each gets the same care: nothing is written that
-    does not read back, a damaged record file stops us before the config is touched, and a
-    symlinked config is written behind its link with its mode kept.
+    does not read back as planned, a damaged record file stops us before the config is
+    touched, and a symlinked config is written behind its link with its mode kept. With
+    ``dry_run`` everything is planned and checked, and nothing is written.
     """
     config_path = absolute(config_path)
-    target, existed, original, text, config = read_config(config_path)
+    target, existed, original, text, config = read_config(config_path, fmt)
     records = load_records(settings)
     previous = records.get(str(config_path))
     if previous is not None and previous.get("harness", "opencode") != harness:
@@ -134,35 +136,25 @@ def edit_config(settings: Settings, *, config_path: Path, harness: str,
                            f"pick this harness's own config (--config)")
     edits = plan(config)
     if not edits:
-        return []
-    new_text, changes = apply_edits(text if text.strip() else "{\n}\n", edits)
-    jsonc.loads(new_text)  # never write what we could not read back
+        return Said(config=str(target), dry_run=dry_run)
+    try:
+        new_text, changes = fmt.apply(text, edits)
+    except FormatError as exc:
+        raise InstallError(f"{config_path} {exc}; ocpc did not touch it. Make these changes by hand instead: "
+                           + "; ".join(e.says for e in edits if e.says)) from exc
+    diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+                                        str(target) if existed else "/dev/null", str(target)))
+    behind = f" (behind the link {config_path})" if target != config_path else ""
+    if dry_run:
+        return Said([e.says for e in edits if e.says] + [f"dry run: would write {target}{behind}; wrote nothing"],
+                    config=str(target), diff=diff, dry_run=True)
     backup = _backup(settings, config_path, original) if existed else None
     write_keeping_mode(target, new_text.encode())
     save_record(settings, InstallRecord(str(config_path), existed, str(backup) if backup else None,
                                         hashlib.sha256(new_text.encode()).hexdigest(), changes,
-                                        harness=harness, proxy_url=proxy_url))
-    behind = f" (behind the link {config_path})" if target != config_path else ""
-    return [e.says for e in edits] + [f"wrote {target}{behind}" + (f" (backup: {backup})" if backup else "")]
-
-
-def apply_edits(text: str, edits: list[Edit]) -> tuple[str, list[dict[str, Any]]]:
-    """The edited text, and one record entry per edit (enough to undo it either way)."""
-    changes: list[dict[str, Any]] = []
-    for edit in edits:
-        change: dict[str, Any] = {"kind": edit.kind, "path": list(edit.path), "key": edit.key, "value": edit.value}
-        if edit.kind == "replace":
-            raw = json.dumps(edit.value)
-            text, old = jsonc.replace_value(text, edit.path, edit.key, raw)
-            change.update(old=old)
-        else:
-            if edit.kind == "append":
-                text, insertion = jsonc.append_to_array(text, edit.path, edit.key, edit.value)
-            else:
-                text, insertion = jsonc.insert_member(text, edit.path, edit.key, edit.value)
-            change.update(offset=insertion.offset, snippet=insertion.snippet, container=edit.container)
-        changes.append(change)
-    return text, changes
+                                        harness=harness, proxy_url=proxy_url, format=fmt.name))
+    return Said([e.says for e in edits if e.says] + [f"wrote {target}{behind}" + (f" (backup: {backup})" if backup else "")],
+                config=str(target), diff=diff)
 
 
 def write_keeping_mode(path: Path, data: bytes) -> None:
@@ -197,79 +189,38 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
     text, kept = _without_changes(current, record, config_path)
     if text.encode() == current:
         return [f"ocpc's entries are no longer in {target}; left it as it is"] + kept
+    if not record.existed and not kept and format_of(record).parse(text) == {}:
+        target.unlink()  # ocpc created it, and all that is left are ocpc's entries' remains
+        return [f"removed {target} (ocpc had created it; the agent had rewritten it since, with nothing of yours)"]
     write_keeping_mode(target, text.encode())
     return [f"removed ocpc's entries from {target}; your later edits are kept"] + kept
 
 
 def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -> tuple[str, list[str]]:
-    """The config minus exactly ocpc's changes, checked to still be valid JSON(C), and one
+    """The config minus exactly ocpc's changes, checked to still read in its format, and one
     line for each of ocpc's entries the user changed since (those stay)."""
-    by_hand = f"{config_path} changed where ocpc wrote; restore it by hand" + (
-        f" (the original is in {record.backup})" if record.backup else "")
+    by_hand = "restore it by hand" + (f" (the original is in {record.backup})" if record.backup else "")
     try:
         text = current.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InstallError(f"{config_path} is no longer UTF-8 text; {by_hand}") from exc
     kept: list[str] = []
     try:
-        for change in reversed(record.insertions):
-            text = _undo(text, change, kept, by_hand)
-        jsonc.loads(text)
-    except jsonc.JsoncError as exc:
-        raise InstallError(f"removing ocpc's entries would leave invalid JSON ({exc}); {by_hand}") from exc
-    return text, kept
+        return format_of(record).undo(text, record.insertions, kept), kept
+    except FormatError as exc:
+        raise InstallError(f"{config_path} {exc}; {by_hand}") from exc
 
 
-def _undo(text: str, change: dict[str, Any], kept: list[str], by_hand: str) -> str:
-    """Undo one change: its exact snippet when it is there, else by its path."""
-    path = tuple(change.get("path") or ())
-    key = change.get("key")
-    if change.get("kind") == "replace":
-        return _undo_replace(text, path, str(key), change, kept)
-    out = jsonc.remove(text, jsonc.Insertion(int(change["offset"]), str(change["snippet"])))
-    if out is None:  # there more than once, not where we put it: do not guess which
-        raise InstallError(by_hand)
-    if out == text and key is not None:  # gone from where we put it (a snippet is never empty)
-        return _remove_by_path(text, path, str(key), change, kept)
-    return out
+def format_of(record: InstallRecord) -> ConfigFormat:
+    """The format the record's config was edited in (records from before formats: JSON)."""
+    from .toml_format import TOML
+    from .yaml_format import YamlFormat
 
-
-def _undo_replace(text: str, path: tuple[str, ...], key: str, change: dict[str, Any], kept: list[str]) -> str:
-    current = jsonc.value_at(text, (*path, key))
-    if current is jsonc.MISSING:
-        return text
-    if current != change["value"]:
-        kept.append(f"kept {_name(path, key)}: you changed it since install (it was {change['old']} before)")
-        return text
-    return jsonc.replace_value(text, path, key, str(change["old"]))[0]
-
-
-def _remove_by_path(text: str, path: tuple[str, ...], key: str, change: dict[str, Any], kept: list[str]) -> str:
-    """The snippet is not in the text as written (the file was re-serialised, or edited):
-    remove what ocpc added where it now is, while it still holds ocpc's value."""
-    value = change["value"]
-    current = jsonc.value_at(text, (*path, key))
-    if current is jsonc.MISSING:
-        return text  # the user took it out already
-    if change.get("kind") == "append":
-        return jsonc.remove_element(text, (*path, key), value) if isinstance(current, list) else text
-    if current == value:
-        return jsonc.remove_member(text, path, key)
-    if change.get("container") and isinstance(current, dict) and isinstance(value, dict):
-        for sub, ours in reversed(list(value.items())):
-            if sub in current and current[sub] == ours:
-                text = jsonc.remove_member(text, (*path, key), sub)
-            elif sub in current:
-                kept.append(f"kept {_name((*path, key), sub)}: you changed it since install")
-        if jsonc.value_at(text, (*path, key)) == {}:
-            text = jsonc.remove_member(text, path, key)
-        return text
-    kept.append(f"kept {_name(path, key)}: you changed it since install")
-    return text
-
-
-def _name(path: tuple[str, ...], key: str) -> str:
-    return ".".join((*path, key))
+    formats: dict[str, ConfigFormat] = {"json": JSON, "toml": TOML, "yaml": YamlFormat(record.harness)}
+    if record.format not in formats:
+        raise InstallError(f"ocpc installed {record.config} as {record.format!r}, which this ocpc cannot undo; "
+                           "upgrade ocpc")
+    return formats[record.format]
 
 
 def _backup(settings: Settings, config_path: Path, original: bytes) -> Path:
