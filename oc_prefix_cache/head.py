@@ -34,6 +34,10 @@ class Head:
     #: where the project head ends, when not at the end of the system text: the text it ends with
     #: (a harness's per-project part that follows the system message; "" none)
     project_tail: str = ""
+    #: False when nothing after the head is the same for a project's sessions (OpenHands: the time
+    #: to the microsecond follows it): no project head is cut, which would be saved for every session
+    #: and never read
+    project: bool = True
 
 
 @dataclass(frozen=True)

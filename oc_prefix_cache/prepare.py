@@ -515,7 +515,7 @@ class Preparer:
         preamble = next((i + 1 for i, m in enumerate(body.messages)
                          if head.project_tail and message_text(m) == head.project_tail), 0)
         continuing = any(m.get("role") == "assistant" for m in body.messages[preamble:])
-        system = message_text(body.messages[0]) if body.messages else None
+        system = message_text(body.messages[0]) if body.messages and head.project else None
         if continuing:  # its park may be being written right now, by whoever took its slot
             self._await_park(conversation, slot, deadline=deadline)
         index = self._index()

@@ -49,7 +49,7 @@ from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_byt
 from .deadline import Deadline
 from .errors import OcpcError
 from .harness import (Adapter, AiderAdapter, ClaudeCodeAdapter, ClineAdapter, CodexAdapter, GenericAdapter, Incoming,
-                      KiloCodeAdapter, OpenCodeAdapter, PiAdapter, QwenCodeAdapter, select)
+                      KiloCodeAdapter, OpenCodeAdapter, OpenHandsAdapter, PiAdapter, QwenCodeAdapter, select)
 from .head import MAX_BODY_BYTES, Head, Skip
 from .prepare import Preparer, PrepareResult
 from .relay import (
@@ -172,7 +172,8 @@ class Proxy:
         # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
         off = settings.normalisations_off
         self._adapters = (OpenCodeAdapter(markers=settings.markers), ClaudeCodeAdapter(off=off), PiAdapter(),
-                          CodexAdapter(off=off), QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter())
+                          CodexAdapter(off=off), QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter(),
+                          OpenHandsAdapter())
         self._generic = GenericAdapter(markers=settings.markers)
         self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
         self._recent_guard = threading.Lock()

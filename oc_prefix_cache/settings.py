@@ -232,7 +232,7 @@ def _markers(raw: str) -> tuple[str, ...]:
 
 
 ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "kilo-code", "aider",
-                           "cline", "generic"})
+                           "cline", "openhands", "generic"})
 
 
 #: Every body normalisation an adapter may make (docs/harnesses.md says what each does and costs).

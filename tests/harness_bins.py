@@ -11,6 +11,7 @@ fixture installs again and fails loudly.
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ class Bin:
     package: str  # an npm spec, or a PyPI requirement when ``pypi``
     binary: str  # the binary's path inside the folder
     pypi: bool = False  # a PyPI package, in a venv of its own (Python 3.10-3.12)
+    python: tuple[int, int] = (3, 10)  # the oldest Python the PyPI package installs on
 
     @property
     def path(self) -> Path:
@@ -36,7 +38,10 @@ class Bin:
     def install(self) -> Path:
         """The binary, installed first when it is not there yet (fails loudly)."""
         if not self.path.exists():
-            (_pip if self.pypi else _npm)(self.package, RIG_DIR.parent / self.folder)
+            if self.pypi:
+                _pip(self.package, RIG_DIR.parent / self.folder, oldest=self.python)
+            else:
+                _npm(self.package, RIG_DIR.parent / self.folder)
         assert self.path.exists(), f"{self.package} did not provide {self.path}"
         return self.path
 
@@ -49,13 +54,29 @@ def _npm(package: str, folder: Path) -> None:
                    capture_output=True, timeout=900)
 
 
-def _pip(package: str, folder: Path) -> None:
-    fits = [sys.executable] if (3, 10) <= sys.version_info[:2] < (3, 13) else []
-    pythons = fits + [p for p in map(shutil.which, ("python3.12", "python3.11", "python3.10")) if p]
-    assert pythons, f"Python 3.10-3.12 is needed to install {package} for the end-to-end test"
-    subprocess.run([pythons[0], "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
+def _pip(package: str, folder: Path, *, oldest: tuple[int, int] = (3, 10)) -> None:
+    python = _python(oldest)
+    assert python, f"Python {oldest[0]}.{oldest[1]}-3.12 is needed to install {package} for the end-to-end test"
+    subprocess.run([python, "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
     subprocess.run([str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
                    check=True, capture_output=True, timeout=1800)
+
+
+def _python(oldest: tuple[int, int]) -> str | None:
+    """The path of a Python from ``oldest`` to 3.12: this one, else ``python3.X`` on the PATH (a
+    pyenv shim is asked for that version: it answers only for the versions it was set to)."""
+    if oldest <= sys.version_info[:2] < (3, 13):
+        return sys.executable
+    for minor in range(12, oldest[1] - 1, -1):
+        name = shutil.which(f"python3.{minor}")
+        if not name:
+            continue
+        env = {**os.environ, "PYENV_VERSION": f"3.{minor}"}
+        proc = subprocess.run([name, "-c", "import sys; print(sys.executable)"], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    return None
 
 
 def npm_install(package: str, folder: Path, binary: Path) -> Path:

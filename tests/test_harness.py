@@ -127,7 +127,7 @@ def test_select_takes_a_configured_generic_and_adapter_list() -> None:
     assert select(PI_A1, enabled=frozenset(), fallback=generic) is generic
     assert select(PI_A1, enabled=ALL, adapters=[OpenCodeAdapter()]).name == "generic"
     assert [a.name for a in DEFAULT_ADAPTERS] == ["opencode", "claude-code", "pi", "codex", "qwen-code",
-                                                    "kilo-code", "aider", "cline"]
+                                                    "kilo-code", "aider", "cline", "openhands"]
     assert isinstance(generic.head(PI_A1.body), Head)
 
 

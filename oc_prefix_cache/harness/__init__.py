@@ -14,14 +14,17 @@ from .codex import CodexAdapter
 from .generic import GenericAdapter
 from .kilo_code import KiloCodeAdapter
 from .opencode import OpenCodeAdapter
+from .openhands import OpenHandsAdapter
 from .pi import PiAdapter
 from .qwen_code import QwenCodeAdapter
 
 DEFAULT_ADAPTERS: tuple[Adapter, ...] = (OpenCodeAdapter(), ClaudeCodeAdapter(), PiAdapter(), CodexAdapter(),
-                                         QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter())
+                                         QwenCodeAdapter(), KiloCodeAdapter(), AiderAdapter(), ClineAdapter(),
+                                         OpenHandsAdapter())
 NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
 
 __all__ = [
     "DEFAULT_ADAPTERS", "NAMES", "Adapter", "AiderAdapter", "ClaudeCodeAdapter", "ClineAdapter", "CodexAdapter",
-    "GenericAdapter", "Incoming", "KiloCodeAdapter", "OpenCodeAdapter", "PiAdapter", "QwenCodeAdapter", "select",
+    "GenericAdapter", "Incoming", "KiloCodeAdapter", "OpenCodeAdapter", "OpenHandsAdapter", "PiAdapter",
+    "QwenCodeAdapter", "select",
 ]

@@ -1,0 +1,87 @@
+"""End to end: the real OpenHands CLI 1.16.0 (`openhands --headless -t`, the SDK's local workspace: no
+Docker), `ocpc proxy` as a real process, and a real llama-server (tiny hybrid model, every reply ending
+at once). OpenHands speaks chat completions through litellm (`LLM_MODEL=openai/<name>`,
+`LLM_BASE_URL`, `--override-with-envs`). Two sessions in project A, one in project B, one after a
+server restart. Its tools name the working directory, so each project has its own head: B's first
+session builds it; a new session in a project it has seen processes only what follows the head (the
+time to the microsecond, the working directory, the typed text), at most 2% of the first session's
+prompt tokens, and no project head is saved (nothing after the head is the same for two sessions).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness_bins import Bin
+from .test_e2e_claude_code import ProxyProcess, make_project
+
+pytestmark = pytest.mark.rig
+
+VERSION = "1.16.0"
+#: Every reply is "ok", one token, as plain content. OpenHands answers an empty reply (the other tests'
+#: end-at-once bias) with a corrective nudge, again and again until its 500 iterations, and text
+#: inside an open <think> is reasoning only, nudged the same way; content ends its session. Token 562 is
+#: "ok" in the tiny models' vocabulary. None of it changes prompt processing or caching.
+SAYS_OK = ("--logit-bias", "562+30", "--n-predict", "1", "--reasoning-format", "none")
+
+
+BIN = Bin(f"openhands-{VERSION}", f"openhands=={VERSION}", "bin/openhands", pypi=True, python=(3, 12))
+
+
+@pytest.fixture
+def openhands_bin() -> Path:
+    return BIN.install()
+
+
+def run_openhands(binary: Path, home: Path, project: Path, proxy_url: str, prompt: str) -> str:
+    """One headless session. OpenHands clones its public skills from GitHub at start (it fails here,
+    offline, and goes on) and litellm fetches its price list (LITELLM_LOCAL_MODEL_COST_MAP: not)."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
+           "LLM_MODEL": "openai/local-model", "LLM_BASE_URL": f"{proxy_url}/v1", "LLM_API_KEY": "dummy",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}
+    proc = subprocess.run([str(binary), "--headless", "--override-with-envs", "-t", prompt], cwd=project, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"openhands failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_openhands_sessions_are_served_from_the_head(llama_server: Any, openhands_bin: Path, tmp_path: Path) -> None:
+    server = llama_server("qwen35", ctx_size=32768, extra_args=SAYS_OK)
+    calc = "def add(a, b):\n    return a + b\n"
+    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": calc}),
+            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n",
+                                                   "AGENTS.md": "# Agents\nUse tabs.\n"})}
+    rows: list[dict[str, Any]] = []
+    with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            run_openhands(openhands_bin, tmp_path / "openhands-home", project, proxy.url, "say ok")
+            requests = proxy.new_requests()
+            assert requests, f"no request reached the proxy for {name}"
+            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        counters = proxy.status()["counters"]
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    firsts = {row["session"]: row for row in rows if row["request"] == 1}
+    assert all(row["adapter"] == "openhands" and row["path"].startswith("/v1/chat/completions") for row in rows), rows
+    assert firsts["A1"]["action"] == "warmed" and firsts["B1"]["action"] == "warmed", firsts  # a head per project
+    for session in ("A2", "A3 after restart"):
+        row = firsts[session]
+        assert row["action"] in ("hit", "restored"), row
+        assert row["cache_n"] >= 0.9 * row["prefix_tokens"], row
+    first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
+    for session in ("A2", "A3 after restart"):
+        processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
+        print(f"{session}: processed {processed} of {first_prompt} ({processed / first_prompt:.1%})")
+        assert processed <= 0.02 * first_prompt, (session, processed, first_prompt, rows)
+    assert not any("project head" in str(row["reason"]) for row in rows), rows
+    assert not any(k.startswith("fail_open") for k in counters), counters
