@@ -34,6 +34,10 @@ class Head:
     #: where the project head ends, when not at the end of the system text: the text it ends with
     #: (a harness's per-project part that follows the system message; "" none)
     project_tail: str = ""
+    #: where a shorter project head ends, on the way to the project head (the text it ends with, or
+    #: the whole system text for its end): a level more sessions share, so that a change after it
+    #: (Claude Code's git status, new with every commit) re-processes only what follows ("" none)
+    project_base: str = ""
 
 
 @dataclass(frozen=True)
