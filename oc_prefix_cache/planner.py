@@ -81,6 +81,7 @@ class HeadPlanner:
     def __init__(self, *, max_heads: int = MAX_HEADS) -> None:
         self._guard = threading.Lock()
         self._heads: OrderedDict[str, _KnownHead] = OrderedDict()
+        self._bases: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # a shorter project head's tokens past its head
         self._max = max_heads
 
     def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
@@ -148,28 +149,37 @@ class HeadPlanner:
                 return project, text
         return (), ""
 
-    @staticmethod
-    def _base(client: SlotClient, prompt: str, project: tuple[int, ...], known: _KnownHead, end_text: str,
+    def _base(self, client: SlotClient, prompt: str, project: tuple[int, ...], known: _KnownHead, end_text: str,
               *, deadline: Deadline | None) -> tuple[tuple[int, ...], str]:
         """The project head's shorter level: the project head's tokens as far as they cover the
         prompt up to the end of ``end_text``. Where the next part's first characters merge with that
         end into one token (Claude Code joins its reminders without a separator: ``><`` is one
         token), the level ends one token before, so it is a strict token prefix of the project head
-        whatever follows. The text it covers (detokenized, checked against the prompt) is its key.
-        () when nothing beyond the head is left."""
+        whatever follows: the tokens of that text alone and the project head's agree up to there.
+        Its key text is that text and the token count. Each level's tokens are remembered (LRU), so
+        a later session of the project tokenizes nothing more for it. () when nothing beyond the
+        head is left."""
         tail = end_text.rstrip()[-200:]
         at = prompt.find(tail, known.chars) if tail else -1
         if at < 0:
             return (), ""
-        alone = client.tokenize(prompt[known.chars: at + len(tail)], add_special=False, deadline=deadline)
+        text = prompt[known.chars: at + len(tail)]
         rest = project[len(known.tokens):]
-        n = next((i for i, (a, b) in enumerate(zip(alone, rest, strict=False)) if a != b), min(len(alone), len(rest)))
-        if n == 0 or n >= len(rest):
+        key = xxhash.xxh64_hexdigest(f"{known.text_digest}\x00{text}".encode())
+        with self._guard:
+            extra = self._bases.get(key)
+        if extra is None or rest[: len(extra)] != extra:
+            alone = client.tokenize(text, add_special=False, deadline=deadline)
+            n = next((i for i, (a, b) in enumerate(zip(alone, rest, strict=False)) if a != b),
+                     min(len(alone), len(rest)))
+            extra = tuple(rest[:n])
+            with self._guard:
+                self._bases[key] = extra
+                while len(self._bases) > self._max:
+                    self._bases.popitem(last=False)
+        if not extra or len(extra) >= len(rest):
             return (), ""
-        text = client.detokenize(list(rest[:n]), deadline=deadline)
-        if not prompt.startswith(text, known.chars):
-            return (), ""
-        return known.tokens + tuple(rest[:n]), text
+        return known.tokens + extra, f"{text}\x00{len(extra)}"
 
     def distrust(self, fingerprint: str) -> None:
         """A real request missed a head planned from split tokenization: tokenize whole from now on."""
