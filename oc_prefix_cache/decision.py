@@ -15,14 +15,17 @@ The rules, in order:
 3. A new session (no earlier assistant turn):
    - the slot holds exactly this project's head, or this head: ``hit`` (in the second case
      the project head is cut and saved on top, once a day);
+   - a project head has two levels when the harness says where a shorter one ends (Claude
+     Code: before the git status): with the whole project head missing (a commit changed the
+     git status) the shorter level is used like the project head, and the rest is saved on it;
    - a plain transformer (which reuses any common prefix) holding this head plus a turn:
      ``hit``;
-   - else restore the project head's file, else the head's (behind the gates unless
-     proven on this server process), or warm the head once when there is none.
+   - else restore the project head's file, else its shorter level's, else the head's (behind
+     the gates unless proven on this server process), or warm the head once when there is none.
 4. A conversation going on that the slot does not hold:
    - after a restart, in an empty slot, or in a slot that holds only a head or another
      conversation ocpc knows: restore its park (only its new tokens are processed), else
-     its project head (same day), else its head;
+     its project head (same day), else its shorter level, else its head;
    - but first: when the server's own RAM prompt cache should still hold it (ramcache.py),
      ``hit`` with nothing done: the server stashes the slot's occupant and swaps this one in
      from RAM itself, faster than any slot action (and the report proves it did);
@@ -72,6 +75,8 @@ class RequestFacts:
     park: FileState = FileState.MISSING  # this conversation's parked file
     project: str | None = None  # its project head's key, when one can be cut (new sessions)
     project_file: FileState = FileState.MISSING
+    base: str | None = None  # the key of its project head's shorter level, when one can be cut
+    base_file: FileState = FileState.MISSING
     in_ram: bool = False  # the server's own RAM prompt cache should hold this conversation (ramcache.py)
 
 
@@ -81,8 +86,11 @@ class Action:
     reason: str
     prove: bool = False  # restore: the probe gate must pass (the file is not proven here yet)
     park_first: bool = False  # park the conversation the slot holds before replacing it
-    target: str = "head"  # what the request reuses: "head" | "proj" | "park" | "slot" (its own live state)
-    save_project: bool = False  # after loading the head, cut the project head and save it
+    # what the request reuses: "head" | "proj" | "base" (the project head's shorter level) | "park" |
+    # "slot" (its own live state) | "ram"
+    target: str = "head"
+    # after loading, save the project head on top (from the head: its shorter level first, when missing)
+    save_project: bool = False
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
@@ -113,6 +121,9 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
         if request.project is not None and request.project_file is not FileState.MISSING:
             return Action("restore", f"{why}, not parked: restore its project head",
                           prove=request.project_file is FileState.PRESENT, park_first=park_first, target="proj")
+        if request.base is not None and request.base_file is not FileState.MISSING:
+            return Action("restore", f"{why}, not parked: restore its project head's shorter level",
+                          prove=request.base_file is FileState.PRESENT, park_first=park_first, target="base")
         return _load_head(request, why=f"{why}, not parked", park_first=park_first, save_project=False)
     return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
                   "left to the server's own cache")
@@ -128,6 +139,15 @@ def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) ->
         proven = request.project_file is FileState.PROVEN
         return Action("restore", "a new session: restore its project head" + (" (proven here)" if proven else ""),
                       prove=not proven, park_first=park_first, target="proj")
+    if request.base is not None:  # the project head moved on (a commit): start from its shorter level
+        if slot.known and slot.exact and slot.exact_key == request.base:
+            return Action("hit", "the slot holds exactly this project head's shorter level", target="base",
+                          save_project=wants_project)
+        if request.base_file is not FileState.MISSING:
+            proven = request.base_file is FileState.PROVEN
+            return Action("restore", "a new session: restore its project head's shorter level"
+                          + (" (proven here)" if proven else ""), prove=not proven, park_first=park_first,
+                          target="base", save_project=wants_project)
     if slot.known and slot.holds_head == request.head:
         if slot.exact and slot.exact_key in (None, request.head):
             return Action("hit", "the slot holds exactly this head", save_project=wants_project)

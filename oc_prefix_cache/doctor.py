@@ -408,7 +408,16 @@ def claude_code_check(settings: Settings, config: Path, *, cwd: Path, probe: Pro
             return Check(name, "warn", f"{config} sends Claude Code to the proxy, but in this project {local} "
                          f"sends it to {theirs} (a project's settings win)",
                          f"remove ANTHROPIC_BASE_URL from {local}, or run install with --project here")
-    return _proxy_verdict(name, f"{config} sends Claude Code to the proxy", probe(normalise_base_url(url)))
+    verdict = _proxy_verdict(name, f"{config} sends Claude Code to the proxy", probe(normalise_base_url(url)))
+    env = data.get("env")
+    capabilities = env.get(claude_install.CAPABILITIES) if isinstance(env, dict) else None
+    if verdict.status == "ok" and not (isinstance(capabilities, str) and claude_install.system_turns_off(capabilities)):
+        return Check(name, "warn", f"{config} sends Claude Code to the proxy, but does not set "
+                     f"{claude_install.CAPABILITIES}={claude_install.NO_SYSTEM_ENTRIES} (an install of an older ocpc, or "
+                     "edited since): "
+                     "its environment comes after the typed text, so every new session processes it again "
+                     "(~2,100 tokens on 2.1.332)", reinstall)
+    return verdict
 
 
 def pi_check(settings: Settings, config: Path, *, probe: Probe = probe_proxy) -> Check:

@@ -38,6 +38,10 @@ class Head:
     #: to the microsecond follows it): no project head is cut, which would be saved for every session
     #: and never read
     project: bool = True
+    #: where a shorter project head ends, on the way to the project head (the text it ends with, or
+    #: the whole system text for its end): a level more sessions share, so that a change after it
+    #: (Claude Code's git status, new with every commit) re-processes only what follows ("" none)
+    project_base: str = ""
 
 
 @dataclass(frozen=True)

@@ -51,16 +51,17 @@ class Parker:
         self.server = client.server_id
 
     def save_project(self, plan: HeadPlan, slot: int, seen: Seen, *, key: str, server: ServerIdentity,
-                     identity: str, deadline: Deadline) -> Done | None:
-        """Extend the head to this project's whole system prompt and save it (once a day per
-        project): later sessions of the project then process only their user message. A
-        failure here costs nothing: the head is in place either way."""
+                     identity: str, deadline: Deadline, tokens: tuple[int, ...] | None = None) -> Done | None:
+        """Extend the head to this project's whole system prompt (``tokens``: the plan's project
+        head, or its shorter level) and save it (once a day per project): later sessions of the
+        project then process only their user message. A failure here costs nothing: the head is
+        in place either way."""
         entry = Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=server.model_path,
                       server_build=server.build, harness=plan.harness, identity=identity, head=plan.fingerprint,
                       expires=end_of_day(time.time()))
         try:
-            done = self.executor.save_prefix(slot, Prefix("proj", key, plan.project), entry, epoch=seen.epoch,
-                                             deadline=deadline)
+            done = self.executor.save_prefix(slot, Prefix("proj", key, plan.project if tokens is None else tokens),
+                                             entry, epoch=seen.epoch, deadline=deadline)
         except OcpcError as exc:
             log.warning("could not save the project head %s (the head is in place): %s", key, exc)
             return None

@@ -52,6 +52,8 @@ class HeadPlan:
     split: bool  # the tail was tokenized on its own (the head's split was checked once before)
     project: tuple[int, ...] = ()  # head + the rest of the system prompt (a project head), when cut
     project_text: str = ""  # the rendered text the project head adds to the head
+    base: tuple[int, ...] = ()  # a shorter project head between the two (the head's project_base), when cut
+    base_text: str = ""  # the rendered text it adds to the head
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class HeadPlanner:
     def __init__(self, *, max_heads: int = MAX_HEADS) -> None:
         self._guard = threading.Lock()
         self._heads: OrderedDict[str, _KnownHead] = OrderedDict()
+        self._bases: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # a shorter project head's tokens past its head
         self._max = max_heads
 
     def plan(self, client: SlotClient, body: dict[str, object], head: Head, *, server: ServerIdentity,
@@ -108,12 +111,16 @@ class HeadPlanner:
         tools_at = prompt.find(f'"name": "{first_tool_name(body)}"')
         project: tuple[int, ...] = ()
         project_text = ""
+        base: tuple[int, ...] = ()
+        base_text = ""
         if system_text:
             project, project_text = self._project(client, prompt, tokens, known, head.project_tail or system_text,
                                                   spaces=bool(head.project_tail), deadline=deadline)
+        if project and head.project_base:
+            base, base_text = self._base(client, prompt, project, known, head.project_base, deadline=deadline)
         return HeadPlan(fingerprint=fp, tokens=known.tokens, request_tokens=tokens, prompt=prompt,
                         tools_in_head=0 <= tools_at < offset, harness=harness,
-                        split=split, project=project, project_text=project_text)
+                        split=split, project=project, project_text=project_text, base=base, base_text=base_text)
 
     @staticmethod
     def _project(client: SlotClient, prompt: str, tokens: tuple[int, ...], known: _KnownHead, end_text: str,
@@ -122,7 +129,8 @@ class HeadPlanner:
         (the system text: followed by the template's end-of-message token, a clean token
         boundary; a harness's ``project_tail`` inside the first user message: ``spaces`` takes the
         whitespace after it too, where the tokenizer keeps it with the text before, e.g.
-        ``>\n``). Checked to be a strict prefix of this request's tokens; () when it cannot be cut."""
+        ``>\n``). Checked to be a strict prefix of ``tokens`` (this request's, or a longer project
+        head's for its base); () when it cannot be cut."""
         tail = end_text.rstrip()[-200:]
         at = prompt.find(tail, known.chars) if tail else -1
         if at < 0:
@@ -140,6 +148,38 @@ class HeadPlanner:
             if extra and len(project) < len(tokens) and tokens[: len(project)] == project:
                 return project, text
         return (), ""
+
+    def _base(self, client: SlotClient, prompt: str, project: tuple[int, ...], known: _KnownHead, end_text: str,
+              *, deadline: Deadline | None) -> tuple[tuple[int, ...], str]:
+        """The project head's shorter level: the project head's tokens as far as they cover the
+        prompt up to the end of ``end_text``. Where the next part's first characters merge with that
+        end into one token (Claude Code joins its reminders without a separator: ``><`` is one
+        token), the level ends one token before, so it is a strict token prefix of the project head
+        whatever follows: the tokens of that text alone and the project head's agree up to there.
+        Its key text is that text and the token count. Each level's tokens are remembered (LRU), so
+        a later session of the project tokenizes nothing more for it. () when nothing beyond the
+        head is left."""
+        tail = end_text.rstrip()[-200:]
+        at = prompt.find(tail, known.chars) if tail else -1
+        if at < 0:
+            return (), ""
+        text = prompt[known.chars: at + len(tail)]
+        rest = project[len(known.tokens):]
+        key = xxhash.xxh64_hexdigest(f"{known.text_digest}\x00{text}".encode())
+        with self._guard:
+            extra = self._bases.get(key)
+        if extra is None or rest[: len(extra)] != extra:
+            alone = client.tokenize(text, add_special=False, deadline=deadline)
+            n = next((i for i, (a, b) in enumerate(zip(alone, rest, strict=False)) if a != b),
+                     min(len(alone), len(rest)))
+            extra = tuple(rest[:n])
+            with self._guard:
+                self._bases[key] = extra
+                while len(self._bases) > self._max:
+                    self._bases.popitem(last=False)
+        if not extra or len(extra) >= len(rest):
+            return (), ""
+        return known.tokens + extra, f"{text}\x00{len(extra)}"
 
     def distrust(self, fingerprint: str) -> None:
         """A real request missed a head planned from split tokenization: tokenize whole from now on."""

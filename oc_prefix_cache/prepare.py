@@ -127,6 +127,8 @@ class _Facts:
     park: Park | None  # its conversation's park, when it is going on
     project: str | None  # its project head's key, when one can be cut
     project_file: FileState
+    base: str | None = None  # its project head's shorter level's key, when one can be cut
+    base_file: FileState = FileState.MISSING
 
 
 @dataclass
@@ -525,9 +527,12 @@ class Preparer:
                                  system_text=system, longer=self._known_park(park))
         project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
             if plan.project else None
+        base = project_key(identity=identity, head=plan.fingerprint, project_text=plan.base_text) \
+            if plan.base else None
         return _Facts(server=server, identity=identity, conversation=conversation, continuing=continuing,
                       trail=Trail.of(parsed, session=session), plan=plan, park=park, project=project,
-                      project_file=self._project_state(index, project))
+                      project_file=self._project_state(index, project), base=base,
+                      base_file=self._project_state(index, base))
 
     def _decide(self, facts: _Facts, seen: Seen) -> tuple[Action, int]:
         """The decision on what the slot holds now; and what the RAM model says the server's RAM
@@ -538,7 +543,7 @@ class Preparer:
             continuing=facts.continuing, head=facts.plan.fingerprint,
             head_file=self._file_state("head", facts.plan.fingerprint),
             park=self._file_state("conv", facts.park.key) if facts.park else FileState.MISSING,
-            project=facts.project, project_file=facts.project_file)
+            project=facts.project, project_file=facts.project_file, base=facts.base, base_file=facts.base_file)
         in_ram = self.ram.holds(facts.conversation, epoch=seen.epoch) if facts.continuing else 0
         slot = _slot_facts(seen, facts.conversation, cache=facts.server.cache, park_min=self.settings.park_min_tokens)
         return decide(slot, replace(request, in_ram=in_ram > 0)), in_ram
@@ -557,10 +562,13 @@ class Preparer:
         tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(action.target, 0)
         with self._doing(slot, f"{action.kind} {action.target}", tokens):
             loaded = self._carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
-                                     server=facts.server, deadline=deadline, ram_tokens=ram_tokens)
+                                     server=facts.server, deadline=deadline, ram_tokens=ram_tokens, base=facts.base)
         if action.save_project and facts.project is not None:
-            loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.project, server=facts.server,
-                                        identity=facts.identity, deadline=deadline)
+            if facts.base is not None and facts.base_file is FileState.MISSING and loaded.prefix.kind == "head":
+                loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.base, tokens=facts.plan.base,
+                                            server=facts.server, identity=facts.identity, deadline=deadline)
+            loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.project, tokens=facts.plan.project,
+                                        server=facts.server, identity=facts.identity, deadline=deadline)
         holding = self._holding_after(loaded, facts.plan, slot, seen, conversation=facts.conversation,
                                       deadline=deadline)
         self.tracker.leave(self.server, slot, holding, trail=facts.trail, epoch=seen.epoch)
@@ -605,7 +613,8 @@ class Preparer:
                 self._in_flight.pop(slot, None)
 
     def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
-                   project: str | None, server: ServerIdentity, deadline: Deadline, ram_tokens: int = 0) -> _Loaded:
+                   project: str | None, server: ServerIdentity, deadline: Deadline, ram_tokens: int = 0,
+                   base: str | None = None) -> _Loaded:
         """Do what the decision says; a longer prefix that fails its gates falls back to the
         head, a head that fails them is rebuilt. ``ram_tokens``: what the RAM model says the
         server's RAM cache holds of this conversation (a RAM hit expects that much reused)."""
@@ -624,12 +633,15 @@ class Preparer:
             if action.target == "proj" and project is not None:
                 return _Loaded(Done("hit", action.reason, exact), Prefix("proj", project, plan.project),
                                len(plan.project), "", "slot")
+            if action.target == "base" and base is not None:
+                return _Loaded(Done("hit", action.reason, exact), Prefix("proj", base, plan.base),
+                               len(plan.base), "", "slot")
             return _Loaded(Done("hit", action.reason, exact), head, len(plan.tokens), "", "slot")
         if action.kind != "restore":
             done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                            why=action.reason)
             return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
-        prefix = {"proj": Prefix("proj", project or "", plan.project),
+        prefix = {"proj": Prefix("proj", project or "", plan.project), "base": Prefix("proj", base or "", plan.base),
                   "park": Prefix("conv", park.key if park else "", ())}.get(action.target, head)
         try:
             done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
@@ -642,7 +654,7 @@ class Preparer:
                             "project head" if prefix.kind == "proj" else "park", prefix.key, failure)
                 fallback = "restore" if self._file_state("head", plan.fingerprint) is not FileState.MISSING else "warm"
                 return self._carry_out(replace(action, target="head", prove=True, kind=fallback), plan, slot, seen,
-                                       park=None, project=project, server=server, deadline=deadline)
+                                       park=None, project=project, server=server, deadline=deadline, base=base)
             self._count("gate_failed")
             self._condemned(plan, failure, server=server)
             why = self.standdown.probe_failed(seen.epoch) if failure.probe else None
@@ -658,17 +670,19 @@ class Preparer:
         if done.proved:
             self.standdown.proof(seen.epoch)
         n = len(done.tokens) - done.probe
+        source = "proj" if action.target == "base" else action.target  # a shorter project head is one too
         return _Loaded(replace(done, reason=f"{action.reason}: {done.reason}"), Prefix(prefix.kind, prefix.key,
-                       done.tokens[:n]), n, slot_filename(prefix.key, prefix.kind), action.target)
+                       done.tokens[:n]), n, slot_filename(prefix.key, prefix.kind), source)
 
     def _save_project(self, plan: HeadPlan, loaded: _Loaded, slot: int, seen: Seen, *, key: str,
-                      server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
-        done = self.parker.save_project(plan, slot, seen, key=key, server=server, identity=identity,
+                      tokens: tuple[int, ...], server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
+        """Extend what the slot holds to ``tokens`` (the project head, or its shorter level) and save it."""
+        done = self.parker.save_project(plan, slot, seen, key=key, tokens=tokens, server=server, identity=identity,
                                         deadline=deadline)
         if done is None:
             return loaded
-        return _Loaded(Done(loaded.done.action, f"{loaded.done.reason}; {done.reason}", True, plan.project),
-                       Prefix("proj", key, plan.project), len(plan.project), slot_filename(key, "proj"), loaded.source)
+        return _Loaded(Done(loaded.done.action, f"{loaded.done.reason}; {done.reason}", True, tokens),
+                       Prefix("proj", key, tokens), len(tokens), slot_filename(key, "proj"), loaded.source)
 
     def _park_occupant(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
                        deadline: Deadline) -> Seen:

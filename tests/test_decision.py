@@ -105,6 +105,33 @@ def test_a_project_head_is_saved_once_when_missing() -> None:
     assert not decide(slot(holds_head=OTHER), NEW).save_project  # no project head could be cut
 
 
+BASE = "bbbbbbbbbbbbbbbb"
+
+
+def test_after_a_commit_a_new_session_starts_from_the_project_heads_shorter_level() -> None:
+    """Claude Code's git status moves with each commit: the whole project head is new, its
+    shorter level (the environment) is not. The level is restored (or hit) and the rest saved on it;
+    with neither on disk, both are saved on the head."""
+    moved = replace(NEW, project=PROJ, project_file=FileState.MISSING, base=BASE, base_file=FileState.PROVEN)
+    action = decide(slot(holds_head=OTHER), moved)
+    assert (action.kind, action.target, action.save_project, action.prove) == ("restore", "base", True, False)
+    action = decide(slot(exact_key=BASE), moved)
+    assert (action.kind, action.target, action.save_project) == ("hit", "base", True)
+    present = decide(slot(holds_head=OTHER), replace(moved, base_file=FileState.PRESENT))
+    assert present.target == "base" and present.prove
+    # the whole project head still wins when it is there
+    both = replace(moved, project_file=FileState.PRESENT)
+    assert decide(slot(holds_head=OTHER), both).target == "proj"
+    assert decide(slot(exact_key=PROJ), both).kind == "hit"
+    # neither level on disk: the head, and both saved on it (prepare saves the shorter level first)
+    fresh = replace(moved, base_file=FileState.MISSING)
+    action = decide(slot(holds_head=OTHER), fresh)
+    assert (action.target, action.save_project) == ("head", True)
+    # a conversation going on without a park: the project head, else its shorter level, else the head
+    going_on = replace(moved, continuing=True, conversation="ses_c", continues_slot=False)
+    assert decide(slot(empty=True, known=False, holds_head=None), going_on).target == "base"
+
+
 def test_restores_prove_unless_the_file_is_proven_on_this_server() -> None:
     assert decide(slot(holds_head=OTHER), request(head_file=FileState.PRESENT)).prove is True
     assert decide(slot(holds_head=OTHER), request(head_file=FileState.PROVEN)).prove is False
@@ -132,13 +159,14 @@ slot_facts = st.builds(
     SlotFacts, restarted=st.booleans(), known=st.booleans(), empty=st.booleans(),
     holds_head=st.sampled_from([None, HEAD, OTHER]), exact=st.booleans(),
     holds_conversation=st.sampled_from(["", "ses_a", "ses_b"]), partial_cache=st.booleans(),
-    exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa"]), occupant_parkable=st.booleans(),
+    exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"]), occupant_parkable=st.booleans(),
     busy=st.booleans())
 request_facts = st.builds(
     RequestFacts, skip=st.sampled_from([None, None, "no tools"]), conversation=st.sampled_from(["ses_a", "ses_b"]),
     continues_slot=st.booleans(), continuing=st.booleans(), head=st.sampled_from([HEAD, OTHER, None]),
     head_file=st.sampled_from(list(FileState)), park=st.sampled_from(list(FileState)),
-    project=st.sampled_from([None, "aaaaaaaaaaaaaaaa"]), project_file=st.sampled_from(list(FileState)))
+    project=st.sampled_from([None, "aaaaaaaaaaaaaaaa"]), project_file=st.sampled_from(list(FileState)),
+    base=st.sampled_from([None, "bbbbbbbbbbbbbbbb"]), base_file=st.sampled_from(list(FileState)))
 
 
 @settings(max_examples=3000)  # the table is small and pure: search it hard, in well under a second per 1000
@@ -153,7 +181,8 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     if action.kind == "warm":
         assert req.head_file is FileState.MISSING
     if action.kind == "restore":
-        state = {"head": req.head_file, "proj": req.project_file, "park": req.park}[action.target]
+        state = {"head": req.head_file, "proj": req.project_file, "base": req.base_file,
+                 "park": req.park}[action.target]
         assert state is not FileState.MISSING
         assert action.prove == (state is FileState.PRESENT)
     if req.continuing and action.kind in ("restore", "warm") and not facts.restarted:
@@ -171,6 +200,10 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
     if action.target == "proj" and action.kind == "restore":
         # a park belongs to a later turn; for a later turn it beats the project head
         assert req.project_file is not FileState.MISSING
+        assert not (req.continuing and req.park is not FileState.MISSING)
+    if action.target == "base":  # the shorter level only when the whole project head is not there
+        assert req.base is not None and (req.project is None or req.project_file is FileState.MISSING)
+        assert action.kind == "hit" or req.base_file is not FileState.MISSING
         assert not (req.continuing and req.park is not FileState.MISSING)
 
 

@@ -191,6 +191,18 @@ def test_a_config_no_longer_pointing_at_the_proxy_warns(isolated_home: Path, tmp
     assert check.status == "warn" and "session-affinity" in check.detail, check
 
 
+def test_claude_settings_without_the_capability_line_warn_to_reinstall(isolated_home: Path, tmp_path: Path,
+                                                                        proxy: Proxy) -> None:
+    """An install by an older ocpc (no CLAUDE_CODE_MODEL_CAPABILITIES) works, but every new session
+    processes Claude Code's environment again: doctor says so, and how to fix it."""
+    proxy()
+    config = claude_installed(isolated_home)
+    config.write_text(config.read_text().replace('"-mid_conv_system,-per_turn_effort"', '"-per_turn_effort"'))
+    check = checks(tmp_path)["claude-code"]
+    assert check.status == "warn" and "CLAUDE_CODE_MODEL_CAPABILITIES" in check.detail, check
+    assert "ocpc install --harness claude-code" in check.fix
+
+
 def test_a_project_setting_that_overrides_the_proxy_warns(isolated_home: Path, tmp_path: Path,
                                                           proxy: Proxy) -> None:
     """A project's .claude/settings.local.json env wins over ~/.claude/settings.json

@@ -12,6 +12,7 @@ applies exactly those differences to A1.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from oc_prefix_cache.slot_client import SlotClient
 DATA = Path(__file__).parent / "data"
 CC = DATA / "claude-code-2.1.332"
 CC_SUB = DATA / "claude-code-2.1.332-subagent"
+CC_INST = DATA / "claude-code-2.1.332-installed"  # as `ocpc install --harness claude-code` sets it up
 PI = DATA / "pi-0.73.1"
 OC = DATA / "opencode-1.18.33"
 OC_SUB = DATA / "opencode-1.18.33-subagent"
@@ -50,7 +52,7 @@ def incoming(path: Path) -> Incoming:
     else:
         data = json.loads(path.read_text())
         headers, body = dict(data["headers"]), data["body_json"]
-    api = "anthropic" if "messages" in path.name or path.parent in (CC, CC_SUB) else "openai"
+    api = "anthropic" if "messages" in path.name or path.parent in (CC, CC_SUB, CC_INST) else "openai"
     return Incoming(api=api, headers={k.lower(): v for k, v in headers.items()}, body=body)
 
 
@@ -76,6 +78,9 @@ CC_A1, CC_A2, CC_A2C, CC_ATTR0 = (incoming(CC / f"{run}.json") for run in ("A1",
 CC_MAIN1, CC_SUB1, CC_SUB2, CC_MAIN2 = (incoming(p) for p in sorted(CC_SUB.glob("000*.json")))
 PI_A1, PI_A2, PI_A2C = (incoming(PI / f"{run}.json") for run in ("A1", "A2", "A2-continue"))
 PI_AFF1, PI_AFF2C = incoming(PI / "A1-affinity.json"), incoming(PI / "A2-continue-affinity.json")
+IN_A1, IN_A2, IN_A2C, IN_B1, IN_COMMIT = (incoming(CC_INST / f"{run}.json") for run in (
+    "A1", "A2", "A2-continue", "B1", "A3-commit"))
+IN_MAIN1, IN_SUB1, IN_SUB2, IN_MAIN2 = (incoming(p) for p in sorted(CC_INST.glob("A4-subagent-*.json")))
 OC_A, OC_B, OC_A2 = (incoming(OC / f"{name}.json") for name in (
     "02_projA_turn1_main_request", "03_projB_turn1_main_request", "04_projA_turn2_main_request"))
 OC_TITLE, OC_MAIN1, OC_SUB1, OC_SUB2, OC_MAIN2 = (incoming(p) for p in sorted(OC_SUB.glob("000*.json")))
@@ -166,13 +171,62 @@ def test_claude_code_moves_the_main_agents_environment_to_the_end_of_its_system_
 
 
 def test_claude_code_project_head_ends_after_the_first_messages_reminders() -> None:
-    chat = to_chat(ClaudeCodeAdapter().normalise(CC_A1)[0])
-    head = ClaudeCodeAdapter().head(chat)
-    assert isinstance(head, Head) and head.project_tail.startswith("<system-reminder>\nAttribution")
-    assert chat["messages"][1]["content"][-1]["text"] == "say ok"  # the typed text comes after it
-    assert IN_PLACE.head(to_chat(IN_PLACE.normalise(CC_A1)[0])).project_tail == ""  # type: ignore[union-attr]
-    sub = ClaudeCodeAdapter().head(to_chat(ClaudeCodeAdapter().normalise(CC_SUB1)[0]))
-    assert isinstance(sub, Head) and sub.project_tail == ""
+    """In every layout the project head ends after the first message's leading reminders, just
+    before the typed text; its shorter level ends before the git status (the system text's end when
+    the git status is the first reminder)."""
+    for adapter in (ClaudeCodeAdapter(), IN_PLACE):
+        chat = chat_of(adapter, CC_A1)
+        head = adapter.head(chat)
+        assert isinstance(head, Head) and head.project_tail.startswith("<system-reminder>\nAttribution")
+        assert chat["messages"][1]["content"][-1]["text"] == "say ok"  # the typed text comes after it
+        assert head.project_base == chat["messages"][0]["content"]  # the git status is the first reminder
+    moved = head_of(ClaudeCodeAdapter(), CC_A1).project_base
+    invoked = "You have been invoked in the following environment"
+    assert invoked in moved and invoked not in head_of(IN_PLACE, CC_A1).project_base
+    sub = head_of(IN_PLACE, CC_SUB1)
+    assert sub.project_tail.startswith("<system-reminder>\nAttribution") and MEMORY_MARKER not in sub.system_head
+
+
+def test_claude_code_as_installed_sends_no_system_turns_and_its_environment_before_the_typed_text() -> None:
+    """With ``CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system`` (written by ``ocpc install``) Claude Code
+    lays the prompt out itself as for a model without system turns: nothing for the adapter to move,
+    only ``cache_control`` to strip; the environment, model, deferred tools, agent types and skills come
+    as reminders before the git status, the date, the attribution and the typed text."""
+    for request_ in (IN_A1, IN_A2, IN_A2C, IN_B1, IN_COMMIT, IN_MAIN1, IN_SUB1, IN_SUB2, IN_MAIN2):
+        body, changes = IN_PLACE.normalise(request_)
+        assert changes in ((), ("strip-cache-control",)), changes
+        assert not any(m["role"] == "system" for m in request_.body["messages"])
+        assert not request_.body["system"][0]["text"].startswith("x-anthropic-billing-header")
+        assert body == ClaudeCodeAdapter().normalise(request_)[0]  # environment-to-system finds nothing to move
+    reminders = [b["text"] for b in IN_A1.body["messages"][0]["content"]]
+    starts = ("# Environment", "You are powered by the model", "The following deferred tools",
+              "Available agent types", "The following skills", "As you answer the user's questions",
+              "Today's date is 2026-12-03.", "Attribution for git commits")
+    assert len(reminders) == len(starts) + 1
+    for reminder, start in zip(reminders, starts):
+        assert reminder.startswith(f"<system-reminder>\n{start}"), (reminder[:60], start)
+    assert reminders[-1] == "say ok"
+
+
+def test_claude_code_as_installed_has_two_project_levels() -> None:
+    """The project head ends after the attribution reminder; its shorter level after the skills, before
+    the git status: the same in one project after a commit, another in another project. A subagent gets
+    them too (its own head has no per-project text)."""
+    a1, a2, b1, commit = (head_of(IN_PLACE, r) for r in (IN_A1, IN_A2, IN_B1, IN_COMMIT))
+    assert a1 == a2 and a1.project_tail.startswith("<system-reminder>\nAttribution")
+    assert a1.project_base.startswith("<system-reminder>\nThe following skills")
+    assert replace(a1, project_tail="", project_base="") == replace(b1, project_tail="", project_base="")
+    chat_a, chat_commit, chat_b = (chat_of(IN_PLACE, r) for r in (IN_A1, IN_COMMIT, IN_B1))
+
+    def upto(chat: dict[str, Any], end: str) -> str:
+        parts = [p["text"] for p in chat["messages"][1]["content"]]
+        return "".join(parts[: parts.index(end) + 1])
+    assert upto(chat_a, a1.project_base) == upto(chat_commit, commit.project_base)  # the environment stays
+    assert upto(chat_a, a1.project_tail) != upto(chat_commit, commit.project_tail)  # the git status moved
+    assert upto(chat_a, a1.project_base) != upto(chat_b, b1.project_base)  # another project's environment
+    sub = head_of(IN_PLACE, IN_SUB1)
+    assert MEMORY_MARKER not in sub.system_head and "/home/dev" not in sub.system_head + sub.tools_json
+    assert sub.project_base.startswith("<system-reminder>\nThe following skills") and sub.project_tail
 
 
 def test_claude_code_system_entries_become_user_text_in_place() -> None:
@@ -227,7 +281,8 @@ def test_sessions() -> None:
 
 def test_claude_code_head_is_shared_and_ends_at_the_memory_marker() -> None:
     cc = ClaudeCodeAdapter()
-    heads = [head_of(cc, r) for r in (CC_A1, CC_A2, CC_A2C, CC_ATTR0, project_b(CC_A1), CC_MAIN1, CC_MAIN2)]
+    heads = [replace(head_of(cc, r), project_tail="", project_base="")  # the project levels are per project
+             for r in (CC_A1, CC_A2, CC_A2C, CC_ATTR0, project_b(CC_A1), CC_MAIN1, CC_MAIN2)]
     assert all(h == heads[0] for h in heads)
     assert heads[0].system_head.endswith(MEMORY_MARKER) and heads[0].n_tools == 12
     assert heads[0].system_head.startswith("You are a Claude agent, built on Anthropic's Claude Agent SDK.")
@@ -338,3 +393,40 @@ def test_a_turn_renders_as_a_strict_extension_of_the_last(llama_server: Any) -> 
             assert second[: len(first)] == first and len(second) > len(first), (adapter.name, len(first))
         # pi's anthropic cache-control format changes the JSON, not the prompt
         assert rendered(client, PI_A1.body) == rendered(client, PI_AFF1.body)
+
+
+@pytest.mark.rig
+def test_claude_code_project_levels_are_strict_token_prefixes_on_the_real_server(llama_server: Any) -> None:
+    """As installed: head < shorter level < project head < request, as tokens of the real server; a
+    second session shares the project head (its own text is all that is left: 9 tokens), a session
+    after a commit shares only the shorter level (it processes the git status, the date and the
+    attribution: ~300 tokens instead of ~3,200 from the head), another project shares the head."""
+    from oc_prefix_cache.families import CacheFacts, Family
+    from oc_prefix_cache.fingerprint import FileIdentity, ServerIdentity
+    from oc_prefix_cache.head import message_text
+    from oc_prefix_cache.planner import HeadPlanner
+
+    identity = ServerIdentity(model_path="/m/model.gguf", model_files=(FileIdentity("model.gguf", 100, 1),),
+                              build="b0-unknown|x|1|2", chat_template_digest="t", n_ctx=16384, total_slots=1,
+                              kv_types="f16/f16", cache=CacheFacts(Family.HYBRID))
+    server = llama_server("qwen35", ctx_size=16384)
+    planner = HeadPlanner()
+    with SlotClient(server.url) as client:
+        def plan(request_: Incoming) -> Any:
+            chat = chat_of(IN_PLACE, request_)
+            full = planner.plan(client, chat, head_of(IN_PLACE, request_), server=identity,
+                                harness="claude-cli/2.1.332", system_text=message_text(chat["messages"][0]))
+            whole = [token for token, _ in client.tokenize_pieces(full.prompt)]
+            assert list(full.request_tokens) == whole  # the tokens the server will see
+            for shorter, longer in ((full.tokens, full.base), (full.base, full.project),
+                                    (full.project, full.request_tokens)):
+                assert len(shorter) < len(longer) and longer[: len(shorter)] == shorter
+            return full
+        a1, a2, commit, b1, sub = (plan(r) for r in (IN_A1, IN_A2, IN_COMMIT, IN_B1, IN_SUB1))
+    assert (a1.project, a1.project_text, a1.base_text) == (a2.project, a2.project_text, a2.base_text)
+    assert len(a2.request_tokens) - len(a2.project) < 20
+    assert commit.base == a1.base and commit.base_text == a1.base_text and commit.project != a1.project
+    after_commit = len(commit.request_tokens) - len(commit.base)
+    assert after_commit < 0.15 * (len(commit.request_tokens) - len(commit.tokens)), after_commit
+    assert b1.tokens == a1.tokens and b1.base != a1.base
+    assert sub.tokens != a1.tokens and sub.base and sub.project  # a subagent: its own head, its own levels

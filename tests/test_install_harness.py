@@ -71,8 +71,12 @@ def test_claude_fresh_settings_are_created_and_uninstall_removes_them(isolated_h
     config = isolated_home / ".claude" / "settings.json"
     said = claude_install(config)
     assert env_of(config) == {"ANTHROPIC_BASE_URL": PROXY, "ANTHROPIC_AUTH_TOKEN": "ocpc-local",
-                              "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+                              "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_MODEL_CAPABILITIES": "-mid_conv_system,-per_turn_effort",
+                              "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
     assert any("ocpc proxy" in line for line in said), said
+    # the output says what each entry does
+    assert any("CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system,-per_turn_effort: no system" in line
+               for line in said), said
     assert claude_install(config) == []  # idempotent
     assert any("removed" in line for line in uninstall(settings(), config_path=config, harness="claude-code"))
     assert not config.exists()
@@ -103,6 +107,27 @@ def test_claude_keeps_the_users_token_and_says_when_it_replaces_a_value(tmp_path
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "false"  # the user's spelling already turns it off
     replaced = [line for line in said if line.startswith("replaced")]
     assert len(replaced) == 1 and "http://10.0.0.5:8080" in replaced[0] and "uninstall" in replaced[0], said
+    uninstall(settings(), config_path=config, harness="claude-code")
+    assert config.read_text() == original
+
+
+@pytest.mark.parametrize(("mine", "kept"), [
+    ("-mid_conv_system,-per_turn_effort", True), ("opus*=effort;-per_turn_effort,-mid_conv_system", True),
+    ("-mid_conv_system;-per_turn_effort,effort", True), ("-mid_conv_system", False), ("effort", False),
+    ("-mid_conv_system,-per_turn_effort;local=mid_conv_system", False),
+    ("local=-mid_conv_system,-per_turn_effort", False)])
+def test_claude_keeps_the_users_capabilities_and_turns_system_turns_off(tmp_path: Path, mine: str,
+                                                                       kept: bool) -> None:
+    """A capability list of the user's is kept: when it does not already turn both kinds of system
+    entries off for every model, ``;-mid_conv_system,-per_turn_effort`` is appended (Claude Code reads later entries over earlier ones),
+    and uninstall gives theirs back."""
+    config = tmp_path / "settings.json"
+    original = json.dumps({"env": {"CLAUDE_CODE_MODEL_CAPABILITIES": mine}}, indent=2)
+    config.write_text(original)
+    said = claude_install(config)
+    value = env_of(config)["CLAUDE_CODE_MODEL_CAPABILITIES"]
+    assert value == (mine if kept else f"{mine};-mid_conv_system,-per_turn_effort"), said
+    assert claude_code.system_turns_off(value)
     uninstall(settings(), config_path=config, harness="claude-code")
     assert config.read_text() == original
 

@@ -161,6 +161,14 @@ def test_claude_code_reads_the_env_ocpc_installed_over_the_shells(isolated_home:
     assert request.headers["authorization"] == "Bearer ocpc-local"
     assert request.headers["x-claude-code-session-id"]
     assert not request.body["system"][0]["text"].startswith("x-anthropic-billing-header")
+    # no system entry inside messages (CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system,-per_turn_effort): the
+    # environment comes as a reminder before the typed text, not as a system turn after it, and Claude Code's
+    # default model gets no per-turn effort statement (an empty system entry) after it either
+    messages = request.body["messages"]
+    assert [m["role"] for m in messages] == ["user"], messages[1:]
+    blocks = [b["text"] for b in messages[0]["content"]]
+    assert blocks[0].startswith("<system-reminder>\n# Environment\n") and blocks[-1] == "say ok"
+    assert "mid-conversation-tool-changes" not in request.headers.get("anthropic-beta", "")
     uninstall(Settings.from_env(), config_path=config, harness="claude-code")
     assert config.read_text() == original
 

@@ -673,3 +673,44 @@ def test_hits_move_last_used_without_writing_the_index_on_the_request_path(prep)
     assert rig.settings.index_path.stat().st_mtime_ns == written
     rig.preparer.flush_usage()  # the daemon's background thread does this every few minutes
     assert rig.store.load().entries[warmed.fingerprint].last_used >= int(time.time()) - 5
+
+
+def test_claude_code_after_a_commit_starts_from_the_project_heads_shorter_level(prep) -> None:
+    """Claude Code as installed (tests/data/claude-code-2.1.332-installed): the first session warms the
+    head and saves both project levels on it; a second session restores the project head and
+    processes only its typed text; after a commit (only the git status differs) a new session
+    restores the shorter level and saves its new project head on it, evaluating the git status, the
+    date and the attribution (~290 tokens) instead of everything after the head (~3,200)."""
+    from oc_prefix_cache.anthropic import to_chat
+    from oc_prefix_cache.events import read_events
+    from oc_prefix_cache.harness.base import Incoming
+    from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter
+
+    _, rig = prep("qwen35", ctx_size=16384)
+    adapter = ClaudeCodeAdapter(off=frozenset({"environment-to-system"}))
+    data = Path(__file__).parent / "data" / "claude-code-2.1.332-installed"
+
+    def session(name: str) -> tuple[PrepareResult, Timings, int]:
+        captured = json.loads((data / f"{name}.json").read_text())
+        incoming = Incoming(api="anthropic", headers={k.lower(): v for k, v in captured["headers"]},
+                            body=captured["body_json"])
+        body = to_chat(adapter.normalise(incoming)[0])
+        started = time.time()
+        result = rig.preparer.prepare(json.dumps(body).encode(), incoming.headers, session=name,
+                                      head_of=adapter.head)
+        timings = chat(rig.url, body)
+        rig.preparer.report(fingerprint=result.fingerprint or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
+                            prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+        own = sum(e.prompt_n for e in read_events(rig.settings.log_dir, since=started) if e.door == "ocpc")
+        return result, timings, own
+
+    first, _, warmed = session("A1")
+    assert first.action == "warmed" and len(list(rig.settings.slot_dir.glob("oc-proj-*.bin"))) == 2  # both levels
+    again, timings, own = session("A2")
+    assert (again.action, again.source, again.prefix_tokens) == ("restored", "proj", first.prefix_tokens)
+    assert timings.prompt_n < 20 and own < 10, (timings, own)  # its typed text (and the probe's few tokens)
+    commit, timings, own = session("A3-commit")
+    assert commit.action == "restored" and commit.source == "proj" and "shorter level" in commit.reason, commit
+    assert timings.cache_n >= commit.prefix_tokens - 1 and timings.prompt_n < 20, (timings, commit)
+    assert 200 < own < 400 and own < 0.15 * warmed, (own, warmed)  # the git status, date and attribution
+    assert len(list(rig.settings.slot_dir.glob("oc-proj-*.bin"))) == 3

@@ -151,15 +151,22 @@ def leading_reminders_end(chat: dict[str, Any]) -> str:
     follows the system message and typed text follows the reminders ("" otherwise). Claude Code
     and Qwen Code open a session's first message with reminders that are the same for a project
     (and day) and put the typed text last: a project head can end there."""
+    reminders = leading_reminders(chat)
+    return reminders[-1] if reminders else ""
+
+
+def leading_reminders(chat: dict[str, Any]) -> list[str]:
+    """The first user message's leading ``<system-reminder>`` parts, in order, when that message
+    follows the system message and typed text follows them ([] otherwise)."""
     messages = chat.get("messages")
     if not isinstance(messages, list) or len(messages) < 2:
-        return ""
+        return []
     first = messages[1]
     parts = first.get("content") if isinstance(first, dict) and first.get("role") == "user" else None
     if not isinstance(parts, list):
-        return ""
+        return []
     texts = [p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None for p in parts]
     leading = 0
     while leading < len(texts) and isinstance(texts[leading], str) and str(texts[leading]).startswith(REMINDER):
         leading += 1
-    return str(texts[leading - 1]) if 0 < leading < len(texts) else ""
+    return [str(t) for t in texts[:leading]] if 0 < leading < len(texts) else []

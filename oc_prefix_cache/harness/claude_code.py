@@ -1,4 +1,4 @@
-"""Claude Code (``claude-cli/<version>`` over ``/v1/messages``): three normalisations and a cut.
+"""Claude Code (``claude-cli/<version>`` over ``/v1/messages``): four normalisations and a cut in two levels.
 
 Measured on Claude Code 2.1.332 (shared/captures/claude-code-2.1.332*), against llama-server b11434:
 
@@ -34,11 +34,19 @@ Measured on Claude Code 2.1.332 (shared/captures/claude-code-2.1.332*), against 
     processed it again. It moves to the end of the system text (only that entry, on every turn
     alike, so turns still extend each other; later system entries stay in place; a subagent's
     prompt, which has no memory marker, is left alone, so its head takes in nothing per project).
-* **Project head**: with the environment in the system text, everything before the typed text
-  is the same for a project and a repository state: the head, the project's system text and
-  environment, then the first message's leading ``<system-reminder>`` blocks (git status,
-  attribution). The project head ends after those reminders (``Head.project_tail``), so a new
-  session in the project processes only what it typed.
+* **Project head**: everything before the typed text that is the same for a project: the head, the
+  rest of the system text, then the first user message's leading ``<system-reminder>`` blocks. It
+  ends after the last of those (``Head.project_tail``), so a new session in the project processes
+  only what it typed, once nothing moved. As ``ocpc install --harness claude-code`` sets Claude
+  Code up (``CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system,-per_turn_effort``: no system entries
+  inside messages), those reminders hold the environment, model, deferred tools, agent types and
+  skills, then the git status, the date and the commit attribution; without that setting only the
+  git status and the attribution, with the environment as a system turn after the typed text.
+* **Two levels**: the git status changes with every commit, and the date every day. So a shorter
+  project head (``Head.project_base``) ends before the first of them: after the reminder before
+  the git status, or at the end of the system text when the git status comes first. After a
+  commit a new session restores that level and processes only the git status, the date, the
+  attribution and its typed text, instead of the whole environment from the head.
 * **Session**: ``x-claude-code-session-id`` (or the ``session_id`` inside ``metadata.user_id``),
   plus ``:<x-claude-code-agent-id>`` for a subagent. Subagents keep the main session id and, by
   default, run in the background at the same time as the main agent: they are separate
@@ -53,10 +61,12 @@ from typing import Any
 
 from ..anthropic import BILLING_PREFIX
 from ..head import Head, Skip
-from .base import Incoming, cut_head, leading_reminders_end
+from .base import Incoming, cut_head, leading_reminders
 
 MEMORY_MARKER = "You have a persistent file-based memory at `"
 ENVIRONMENT = "# Environment\n"
+GIT_STATUS = "\n# gitStatus\n"
+DATE_REMINDER = "<system-reminder>\nToday's date is "
 
 
 @dataclass(frozen=True)
@@ -92,10 +102,10 @@ class ClaudeCodeAdapter:
 
     def head(self, chat: dict[str, Any]) -> Head | Skip:
         head = cut_head(chat, markers=self.markers, include_marker=True, whole_without_marker=True)
-        if isinstance(head, Skip) or "environment-to-system" in self.off:
+        if isinstance(head, Skip):
             return head
-        tail = _project_tail(chat)
-        return replace(head, project_tail=tail) if tail else head
+        tail, base = project_levels(chat)
+        return replace(head, project_tail=tail, project_base=base) if tail else head
 
     def session(self, incoming: Incoming) -> str | None:
         session = incoming.header("x-claude-code-session-id") or _metadata_session(incoming.body)
@@ -138,15 +148,28 @@ def _environment_to_system(body: dict[str, Any]) -> dict[str, Any] | None:
     return {**body, "system": new_system, "messages": [messages[0], *messages[2:]]}
 
 
-def _project_tail(chat: dict[str, Any]) -> str:
-    """Where the project head ends: after the first message's leading reminders, once the system
-    text holds the moved environment ("" when the request has no such shape)."""
+def project_levels(chat: dict[str, Any]) -> tuple[str, str]:
+    """Where the project head ends (the last leading reminder of the first user message) and where
+    its shorter level ends (the reminder before the first one that changes within a project: the
+    git status or the date; the whole system text when that comes first): ("", "") when the first
+    message has no leading reminders, (tail, "") when none of them changes."""
+    reminders = leading_reminders(chat)
+    if not reminders:
+        return "", ""
+    moving = next((i for i, text in enumerate(reminders) if _moves(text)), None)
+    if moving is None:
+        return reminders[-1], ""
+    if moving > 0:
+        return reminders[-1], reminders[moving - 1]
     messages = chat.get("messages")
-    first = messages[0] if isinstance(messages, list) and messages else None
-    system = _plain_text(first.get("content")) if isinstance(first, dict) else None
-    if not system or ENVIRONMENT not in system:
-        return ""
-    return leading_reminders_end(chat)
+    system = _plain_text(messages[0].get("content")) if isinstance(messages, list) and isinstance(
+        messages[0], dict) else None
+    return reminders[-1], system or ""
+
+
+def _moves(reminder: str) -> bool:
+    """A reminder that changes within a project: the git status (each commit), the date (each day)."""
+    return GIT_STATUS in reminder or reminder.startswith(DATE_REMINDER)
 
 
 def _system_text(system: Any) -> str:
