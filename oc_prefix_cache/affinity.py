@@ -15,6 +15,11 @@ and chooses it here, by these rules, in order:
 4. **A free slot that holds its head under another conversation**: on a transformer the server
    reuses the head from it; the conversation it evicts is the prepare core's to park.
 5. **Any free slot**, least recently used first.
+A conversation coming back (it has earlier turns) whose slot went to another skips rules 2-4: its
+history comes back from the server's RAM cache or its park whatever the slot holds, and a free slot
+that does not hold its head comes first (the server swaps from RAM only when the slot keeps under
+half of what it holds: ``_returning``).
+
 6. Only when every slot is busy: the least recently used slot. The proxy does not take it at
    once: it waits, in arrival order, for any slot to free within the request's deadline
    (``proxy.py``), so requests never pile up on one slot's lock while others go idle.
@@ -55,6 +60,7 @@ class SlotView:
 class Want:
     conversation: str  # "" unknown
     head: str = ""  # the head fingerprint this conversation's requests prepared before ("" unknown)
+    returning: bool = False  # a conversation with earlier turns, whose slot went to another
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ def choose(slots: Sequence[SlotView], want: Want) -> Choice:
         if own:
             return Choice(_lru(own).slot, "own")
     free = [s for s in slots if not s.busy]
+    if want.returning:  # its history comes back from RAM or a park, whatever the slot holds
+        return _returning(slots, free, want)
     rules: list[tuple[str, list[SlotView]]] = [
         ("exact-head", [s for s in free if want.head and s.head == want.head and s.exact_head]),
         ("no-conversation", [s for s in free if not s.conversation]),
@@ -80,6 +88,19 @@ def choose(slots: Sequence[SlotView], want: Want) -> Choice:
         ("busy-lru", list(slots)),
     ]
     for rule, candidates in rules:
+        if candidates:
+            return Choice(_lru(candidates).slot, rule)
+    raise AssertionError("unreachable: the last rule takes every slot")
+
+
+def _returning(slots: Sequence[SlotView], free: list[SlotView], want: Want) -> Choice:
+    """A conversation coming back (rule 1 did not apply): a free slot that does not hold its head
+    first. The server swaps a returning conversation in from its RAM cache only when the slot
+    would keep under half of what it holds (``ramcache.swaps_from_ram``); a slot holding the same
+    head under a short conversation would keep the head and re-process the rest, so it is the
+    last choice (a park's restore serves there too, as a slot action)."""
+    for rule, candidates in (("other-head", [s for s in free if not want.head or s.head != want.head]),
+                             ("free-lru", free), ("busy-lru", list(slots))):
         if candidates:
             return Choice(_lru(candidates).slot, rule)
     raise AssertionError("unreachable: the last rule takes every slot")
@@ -149,6 +170,11 @@ class AffinityTable:
             use = self._use(slot)
             use.busy = max(0, use.busy - 1)
             use.last_used = now
+
+    def busy(self) -> set[int]:
+        """The slots a request of ours runs in now."""
+        with self._guard:
+            return {slot for slot, use in self._uses.items() if use.busy}
 
     def learn_head(self, key: str, fingerprint: str) -> None:
         if not key or not fingerprint:

@@ -55,6 +55,7 @@ class Ask:
     n_slots: int = 1
     client_slot: int | None = None  # the client's own id_slot
     default_slot: int = 0  # the slot of a single-slot server (settings.slot)
+    returning: bool = False  # it carries earlier assistant turns: a conversation coming back
 
 
 @dataclass
@@ -225,7 +226,8 @@ class SlotBroker:
         if ask.conversation and any(v.conversation == ask.conversation for v in views):
             choice = choose(views, Want(conversation=ask.conversation))
         else:
-            choice = choose(views, Want(conversation=ask.conversation, head=self.table.head_of(ask.head_key)))
+            choice = choose(views, Want(conversation=ask.conversation, head=self.table.head_of(ask.head_key),
+                                        returning=ask.returning))
             log.debug("slot %d for new conversation %s (%s)", choice.slot, ask.conversation or "(none)", choice.rule)
         return choice.slot, choice.rule
 
@@ -238,6 +240,12 @@ class SlotBroker:
                 out[slot] = Held(head=holding.head, exact=holding.exact and not holding.conversation,
                                  conversation=holding.conversation)
         return out
+
+
+def returning(chat: dict[str, Any]) -> bool:
+    """Whether a chat body carries earlier assistant turns (a conversation coming back, not a new one)."""
+    messages = chat.get("messages")
+    return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
 def chain_key(chat: dict[str, Any]) -> str:

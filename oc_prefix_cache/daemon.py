@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .broker import Ask, chain_key, head_key
+from .broker import Ask, chain_key, head_key, returning
 from .deadline import Deadline
 from .errors import BadRequestBody, ConfigError, OcpcError
 from .harness.base import head_by_markers
@@ -244,7 +244,8 @@ class Daemon:
             data, head = None, None
         conversation = "" if not isinstance(head, Head) else session or chain_key(data or {})
         return Ask(conversation=conversation, head_key=head_key(head) if isinstance(head, Head) else "",
-                   n_slots=n_slots, default_slot=self.settings.slot)
+                   n_slots=n_slots, default_slot=self.settings.slot,
+                   returning=isinstance(data, dict) and returning(data))
 
     def report(self, **fields: Any) -> dict[str, Any]:
         """The plugin's report: learned from, and the slot lent to its request is free again."""

@@ -28,12 +28,18 @@ The rules, in order:
      its project head (same day), else its shorter level, else its head;
    - but first: when the server's own RAM prompt cache should still hold it (ramcache.py),
      ``hit`` with nothing done: the server stashes the slot's occupant and swaps this one in
-     from RAM itself, faster than any slot action (and the report proves it did);
+     from RAM itself, faster than any slot action (and the report proves it did); where it
+     would not swap (an empty slot, or one that would keep over half of what it holds: the
+     server then keeps the shared prefix), one unrelated token is evaluated there first, for
+     which the server stashes the occupant, and then it swaps (``clear_first``); the occupant
+     is parked to disk first only when the RAM cache has no room to keep it;
    - in a slot whose contents ocpc cannot vouch for: leave it alone (``skip``); a restore
      would wipe live state ocpc cannot park, and the server's own cache decides.
 5. Before anything replaces (or, on a transformer, truncates) another conversation that
    ocpc knows is in the slot, and whose unsaved tail is worth it, that conversation is
-   parked first (``park_first``). If the park fails, nothing is displaced.
+   parked first (``park_first``), unless the server's RAM cache already holds it whole (it
+   copies idle slots there whenever a request starts) with room to keep it: its next turn
+   comes back from RAM. If the park fails, nothing is displaced.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class SlotFacts:
     busy: bool = False  # the server shows a request processing in it (not one ocpc holds)
     exact_key: str | None = None  # the key of the prefix held exactly (head fingerprint or project key)
     occupant_parkable: bool = False  # a known other conversation whose unsaved tail is worth parking
+    occupant_in_ram: bool = False  # ... and the server's RAM cache holds it whole, with room to keep it
+    occupant_stashable: bool = False  # ... or would take it (a request run over it), with room to keep it
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class RequestFacts:
     base: str | None = None  # the key of its project head's shorter level, when one can be cut
     base_file: FileState = FileState.MISSING
     in_ram: bool = False  # the server's own RAM prompt cache should hold this conversation (ramcache.py)
+    ram_here: bool = True  # ... and would load it into this slot as the slot stands (else: clear it first)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class Action:
     target: str = "head"
     # after loading, save the project head on top (from the head: its shorter level first, when missing)
     save_project: bool = False
+    clear_first: bool = False  # one unrelated token evaluated first (target "ram": then the server swaps it in)
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
@@ -104,7 +114,7 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                       "now would land after that request and wipe what it leaves)")
     if request.continues_slot and slot.known:
         return Action("hit", "same conversation: the slot still holds it", target="slot")
-    park_first = slot.known and slot.occupant_parkable
+    park_first = slot.known and slot.occupant_parkable and not slot.occupant_in_ram
     if not request.continuing:
         return _new_session(slot, request, park_first=park_first)
     if slot.empty or (slot.known and slot.holds_conversation != request.conversation):
@@ -113,8 +123,13 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                  else "in a slot that holds another conversation")
         why = f"a conversation going on {where}" if not slot.restarted else "a conversation going on after a restart"
         if request.in_ram and slot.known and not slot.restarted:  # the server swaps it in from RAM itself
-            return Action("hit", f"{why}: the server's RAM cache holds it (the server stashes the slot's "
-                          "conversation and loads this one; ocpc touches nothing)", target="ram")
+            stays = slot.occupant_in_ram or slot.occupant_stashable  # the server stashes the occupant itself
+            if request.ram_here:
+                return Action("hit", f"{why}: the server's RAM cache holds it (the server stashes the slot's "
+                              "conversation and loads this one)", target="ram", park_first=park_first and not stays)
+            return Action("hit", f"{why}: the server's RAM cache holds it; the slot is empty or shares too much "
+                          "with it for the server to swap (it would keep the shared prefix): one unrelated token "
+                          "first", target="ram", clear_first=True, park_first=park_first and not stays)
         if request.park is not FileState.MISSING:
             return Action("restore", f"{why}: restore its park", prove=request.park is FileState.PRESENT,
                           park_first=park_first, target="park")

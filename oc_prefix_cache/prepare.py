@@ -47,7 +47,7 @@ from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, 
 from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
-from .ramcache import RamLimit, RamModel
+from .ramcache import RamLimit, RamModel, swaps_from_ram
 from .server_info import LoraMemo, flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient, Timings
@@ -175,6 +175,7 @@ class Preparer:
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
         self.ram = RamModel()  # what the server's own RAM prompt cache holds (ramcache.py)
+        self._rendered: dict[int, tuple[int, ...]] = {}  # slot -> the tokens of the last request ocpc planned there
         self.lora = LoraMemo()  # the server's last LoRA answer, for a read that times out under load
         self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
                                  seconds_for=self.executor.costs.seconds_for,
@@ -222,6 +223,7 @@ class Preparer:
             self.tracker.forget(self.server, slot, "a prepare crashed")
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+        self._publish_idle(slot)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
             result.prepare_id = self._unrecorded_id()
@@ -472,8 +474,10 @@ class Preparer:
         plan = facts.plan
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
             seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
-            action, in_ram = self._decide(facts, seen)
+            action, in_ram = self._decide(facts, seen, slot)
             self._follow_ram(action, slot, seen, plan, facts.conversation)
+            with self._guard:
+                self._rendered[slot] = plan.request_tokens  # the slot runs this request next
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)
@@ -534,9 +538,9 @@ class Preparer:
                       project_file=self._project_state(index, project), base=base,
                       base_file=self._project_state(index, base))
 
-    def _decide(self, facts: _Facts, seen: Seen) -> tuple[Action, int]:
+    def _decide(self, facts: _Facts, seen: Seen, slot: int) -> tuple[Action, int]:
         """The decision on what the slot holds now; and what the RAM model says the server's RAM
-        cache holds of this conversation (tokens, 0: none)."""
+        cache holds of this conversation (tokens, 0: none, or none the server would load here)."""
         request = RequestFacts(
             skip=None, conversation=facts.conversation,
             continues_slot=seen.trail is not None and _continues(seen.trail, facts.trail),
@@ -544,9 +548,70 @@ class Preparer:
             head_file=self._file_state("head", facts.plan.fingerprint),
             park=self._file_state("conv", facts.park.key) if facts.park else FileState.MISSING,
             project=facts.project, project_file=facts.project_file, base=facts.base, base_file=facts.base_file)
-        in_ram = self.ram.holds(facts.conversation, epoch=seen.epoch) if facts.continuing else 0
-        slot = _slot_facts(seen, facts.conversation, cache=facts.server.cache, park_min=self.settings.park_min_tokens)
-        return decide(slot, replace(request, in_ram=in_ram > 0)), in_ram
+        in_ram, here = self._in_ram(facts, seen, slot)
+        whole, stashable = self._occupant_in_ram(seen)
+        facts_now = replace(_slot_facts(seen, facts.conversation, cache=facts.server.cache,
+                                        park_min=self.settings.park_min_tokens),
+                            occupant_in_ram=whole, occupant_stashable=stashable)
+        return decide(facts_now, replace(request, in_ram=in_ram > 0, ram_here=here)), in_ram
+
+    def _in_ram(self, facts: _Facts, seen: Seen, slot: int) -> tuple[int, bool]:
+        """The tokens of this conversation the RAM model says the server holds (0: none), and
+        whether the server would load them into ``slot`` as it stands: it does when the slot's
+        occupant is one it stashes rather than truncates (``ramcache.swaps_from_ram``)."""
+        if not facts.continuing:
+            return 0, False
+        held = self.ram.holds(facts.conversation, epoch=seen.epoch)
+        if not held:
+            return 0, False
+        with self._guard:
+            occupant = self._rendered.get(slot)
+        holding = seen.holding
+        occupant_tokens = holding.n_tokens if holding is not None else (seen.now.n_tokens or 0)
+        here = swaps_from_ram(occupant=occupant, occupant_tokens=occupant_tokens, request=facts.plan.request_tokens)
+        if not here:
+            self._count("ram_clear_first")  # the server would keep the shared prefix instead
+        return held, here
+
+    def _occupant_in_ram(self, seen: Seen) -> tuple[bool, bool]:
+        """Whether the slot's conversation is whole in the server's RAM cache with room to stay
+        there, and whether it would fit if the server stashed it now (a request run over it):
+        either way displacing it needs no park to disk (its next turn comes back from RAM)."""
+        holding = seen.holding
+        if holding is None or holding.kind != "conv" or not holding.conversation or seen.restarted:
+            return False, False
+        capacity = self._ram_capacity()
+        whole = (self.ram.holds(holding.conversation, epoch=seen.epoch) >= holding.n_tokens
+                 and self.ram.room(capacity, tokens=0, epoch=seen.epoch))
+        return whole, self.ram.room(capacity, tokens=holding.n_tokens, epoch=seen.epoch)
+
+    def _clear_for_ram(self, slot: int, plan: HeadPlan, *, deadline: Deadline) -> None:
+        """One token the request does not start with, evaluated in ``slot``: the server stashes
+        the occupant in its RAM cache for it (it keeps none of it), and the request pinned there
+        next is swapped in from RAM (``ramcache.swaps_from_ram``: not into an empty slot, not over
+        a prefix it shares)."""
+        first = plan.request_tokens[0] if plan.request_tokens else None
+        token = next(t for text in ("0", "1") for t in self.client.tokenize(text, add_special=False, deadline=deadline)[:1]
+                     if t != first)
+        self.client.evaluate([token], slot=slot, deadline=deadline)
+
+    def _publish_idle(self, slot: int) -> None:
+        """The request about to start in ``slot`` makes the server copy every idle slot's prompt
+        into its RAM cache (``--cache-idle-slots``, on by default with ``--cache-ram``): from now
+        on the RAM model holds those conversations, whatever later replaces them in their slots."""
+        capacity = self._ram_capacity()
+        if not capacity or not self._idle_slots_cached():
+            return
+        epoch, busy = self.tracker.epoch(self.server), self.broker.table.busy()
+        for other in self.tracker.slots(self.server):
+            holding = self.tracker.holding(self.server, other)
+            if other == slot or other in busy or holding is None or holding.kind != "conv":
+                continue
+            self.ram.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=capacity)
+
+    def _idle_slots_cached(self) -> bool:
+        argv = self._server_argv() or []
+        return "--no-cache-idle-slots" not in argv
 
     def _act(self, action: Action, facts: _Facts, slot: int, seen: Seen, *, deadline: Deadline,
              ram_tokens: int) -> tuple[_Loaded, Holding, str]:
@@ -620,6 +685,8 @@ class Preparer:
         server's RAM cache holds of this conversation (a RAM hit expects that much reused)."""
         head = Prefix("head", plan.fingerprint, plan.tokens)
         if action.kind == "hit" and action.target == "ram":  # the server loads it: expect its whole history
+            if action.clear_first:
+                self._clear_for_ram(slot, plan, deadline=deadline)
             tokens = ram_tokens
             stored = park.n_tokens if park else 0
             return _Loaded(Done("hit", action.reason, False), Prefix("conv", park.key if park else "", ()),
@@ -748,8 +815,8 @@ class Preparer:
     def _follow_ram(self, action: Action, slot: int, seen: Seen, plan: HeadPlan, conversation: str) -> None:
         """What the server's RAM cache does with this request (ramcache.py): a request that runs
         over another conversation without a slot action of ocpc's makes the server stash that
-        one (when the slot keeps under half of it: ``get_available_slot``); a RAM hit takes
-        this conversation out of RAM and into the slot."""
+        one (when the slot keeps under half of it: ``get_available_slot``; always for the one
+        token of ``clear_first``); a RAM hit takes this conversation out of RAM and into the slot."""
         epoch, holding = seen.epoch, seen.holding
         if action.target == "ram":
             self.ram.loaded(conversation, epoch=epoch)
@@ -758,10 +825,11 @@ class Preparer:
             return
         if not holding.conversation or holding.conversation == conversation:
             return
-        kept = len(plan.tokens) if holding.head == plan.fingerprint else 0
-        if kept < 0.5 * holding.n_tokens:
+        with self._guard:
+            occupant = self._rendered.get(slot)
+        if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens,
+                                                request=plan.request_tokens):
             self.ram.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self._ram_capacity())
-
 
     def _until_idle(self, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
         """The slot as it is once no request runs in it, waiting at most ``BUSY_WAIT_S``. Why: a

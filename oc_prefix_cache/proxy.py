@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .broker import Ask, SlotBroker, Taken, chain_key, head_key
+from .broker import Ask, SlotBroker, Taken, chain_key, head_key, returning
 from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
@@ -392,7 +392,8 @@ class Proxy:
         pinned to it."""
         taken = self.broker.take(Ask(conversation=request.conversation, head_key=request.head_key,
                                      n_slots=request.n_slots, client_slot=request.slot,
-                                     default_slot=self.settings.slot), deadline=deadline, gone=gone)
+                                     default_slot=self.settings.slot, returning=returning(request.chat)),
+                                 deadline=deadline, gone=gone)
         plan = self._upstream_plan(request, taken.slot)
         plan.rule, plan.taken = taken.rule, taken
         if taken.why_not:

@@ -25,10 +25,53 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: b11434's ``--cache-ram`` default, in MiB (``-1``: no limit, ``0``: off).
 DEFAULT_CACHE_RAM_MIB = 8192
+#: The share of the RAM cache's limit ocpc counts on: the server's entries are not a fixed size per
+#: token (measured on Gemma 3: 637 tokens 9.4 MiB, 2,306 tokens 14.3 MiB) and may carry context
+#: checkpoints, so the bytes per token learned from slot saves only estimate what it keeps.
+RAM_FILL = 0.6
+
+
+def _believed(capacity: int | None) -> int | None:
+    """The tokens ocpc believes the RAM cache keeps: ``RAM_FILL`` of its limit (None: no limit).
+    The model errs towards "evicted": it then restores a park or a head where RAM may still have
+    served, never expects from RAM what the server already dropped."""
+    return None if capacity is None else int(RAM_FILL * capacity)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def swaps_from_ram(*, occupant: Sequence[int] | None, occupant_tokens: int, request: Sequence[int]) -> bool:
+    """Whether the server, given ``request`` pinned to a slot that holds ``occupant_tokens`` tokens
+    (``occupant``: a known prefix of them, as ocpc last rendered that slot's request; None: not
+    known), stashes the occupant in RAM and loads the request's own cached prompt.
+
+    b11434's ``get_available_slot`` does that only when the slot would keep under half of what it
+    holds (``f_keep < 0.5``), and not for an empty slot (``f_keep`` is 0/0 there: measured,
+    tests/test_server_facts.py). Otherwise it keeps the shared prefix, truncates the rest and
+    processes the request from there: a returning conversation that shares a head with a short
+    occupant would re-process everything after the head, and the occupant's tail is lost. Where it
+    would not swap, one token the request does not start with, evaluated in the slot first, makes
+    it swap (``Preparer``'s ``clear_first``): the server stashes the occupant for that token too."""
+    if occupant_tokens <= 0:
+        return False  # pinned to an empty slot, the server loads nothing (f_keep is 0/0 there)
+    if occupant is None:
+        return False
+    shared = common_prefix(occupant, request)
+    if shared >= len(occupant) and len(occupant) < occupant_tokens:
+        return False  # all that is known of it is shared: it may share more
+    return shared < 0.5 * occupant_tokens
 
 
 @dataclass(frozen=True)
@@ -66,16 +109,24 @@ class RamModel:
         self._entries: OrderedDict[str, int] = OrderedDict()
 
     def stashed(self, conversation: str, tokens: int, *, epoch: int, capacity: int | None) -> None:
-        """The server moved ``conversation`` (``tokens`` long) from a slot to its RAM cache."""
+        """The server copied ``conversation`` (``tokens`` long) from a slot to its RAM cache: when a
+        request ran over it (``get_available_slot``), or, with ``--cache-idle-slots`` (the default),
+        when any completion task started while its slot sat idle. As ``server_prompt_cache::alloc``
+        does it: a copy the cache already holds whole is skipped (it keeps its place in line); a
+        longer one replaces the shorter (which it contains) at the end; the oldest go while the
+        total is over the limit."""
         if not conversation or tokens <= 0 or capacity == 0:
             return
         with self._lock:
             self._same_process(epoch)
+            if self._entries.get(conversation, 0) >= tokens:
+                return
             self._entries.pop(conversation, None)
             if capacity is not None and tokens > capacity:
                 return  # the server skips an entry over its whole limit
             self._entries[conversation] = tokens
-            while capacity is not None and sum(self._entries.values()) > capacity:
+            limit = _believed(capacity)
+            while limit is not None and sum(self._entries.values()) > limit:
                 self._entries.popitem(last=False)
 
     def holds(self, conversation: str, *, epoch: int) -> int:
@@ -94,11 +145,22 @@ class RamModel:
         """Whether the RAM cache cannot keep every displaced conversation plus ``live`` more
         tokens (the slots' conversations, each displaced sooner or later): pressure, when
         the conversations parked ahead on disk are the ones that come back served."""
-        if capacity is None or capacity == 0:  # unlimited; or off or unknown: the old rule (ahead.py)
+        limit = _believed(capacity)
+        if not limit:  # unlimited; or off or unknown: the old rule (ahead.py)
             return False
         with self._lock:
             self._same_process(epoch)
-            return sum(self._entries.values()) + live > capacity
+            return sum(self._entries.values()) + live > limit
+
+    def room(self, capacity: int | None, *, tokens: int, epoch: int) -> bool:
+        """Whether ``tokens`` more fit in what the model believes the cache keeps: a conversation
+        left to the RAM cache (not parked to disk) must not be the next one the server evicts."""
+        limit = _believed(capacity)
+        if limit is None:
+            return True
+        with self._lock:
+            self._same_process(epoch)
+            return limit > 0 and sum(self._entries.values()) + tokens <= limit
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

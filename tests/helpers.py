@@ -32,6 +32,12 @@ def capture(name: str) -> dict[str, Any]:
     return data
 
 
+def capture_of(relative: str) -> dict[str, Any]:
+    """The body of a harness capture under tests/data (``pi-0.73.1/A1.json``)."""
+    data: dict[str, Any] = json.loads((Path(__file__).parent / "data" / relative).read_text())["body_json"]
+    return data
+
+
 def chat(url: str, body: dict[str, Any], *, max_tokens: int = 4) -> Timings:
     """Send a chat request like OpenCode would (non-streaming here), return its timings."""
     sent = {**body, "max_tokens": max_tokens, "stream": False}

@@ -160,13 +160,14 @@ slot_facts = st.builds(
     holds_head=st.sampled_from([None, HEAD, OTHER]), exact=st.booleans(),
     holds_conversation=st.sampled_from(["", "ses_a", "ses_b"]), partial_cache=st.booleans(),
     exact_key=st.sampled_from([None, HEAD, "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"]), occupant_parkable=st.booleans(),
-    busy=st.booleans())
+    busy=st.booleans(), occupant_in_ram=st.booleans(), occupant_stashable=st.booleans())
 request_facts = st.builds(
     RequestFacts, skip=st.sampled_from([None, None, "no tools"]), conversation=st.sampled_from(["ses_a", "ses_b"]),
     continues_slot=st.booleans(), continuing=st.booleans(), head=st.sampled_from([HEAD, OTHER, None]),
     head_file=st.sampled_from(list(FileState)), park=st.sampled_from(list(FileState)),
     project=st.sampled_from([None, "aaaaaaaaaaaaaaaa"]), project_file=st.sampled_from(list(FileState)),
-    base=st.sampled_from([None, "bbbbbbbbbbbbbbbb"]), base_file=st.sampled_from(list(FileState)))
+    base=st.sampled_from([None, "bbbbbbbbbbbbbbbb"]), base_file=st.sampled_from(list(FileState)),
+    in_ram=st.booleans(), ram_here=st.booleans())
 
 
 @settings(max_examples=3000)  # the table is small and pure: search it hard, in well under a second per 1000
@@ -185,12 +186,17 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
                  "park": req.park}[action.target]
         assert state is not FileState.MISSING
         assert action.prove == (state is FileState.PRESENT)
-    if req.continuing and action.kind in ("restore", "warm") and not facts.restarted:
+    wipes = action.kind in ("restore", "warm") or action.clear_first
+    if req.continuing and wipes and not facts.restarted:
         # a later turn never wipes state ocpc cannot vouch for; a known other conversation is
-        # parked first when it is worth it
+        # parked first when it is worth it, unless the server's RAM cache holds it whole
         assert facts.empty or facts.known
         if facts.known and facts.holds_conversation and facts.occupant_parkable:
-            assert action.park_first
+            assert action.park_first or facts.occupant_in_ram
+    if action.clear_first:  # only to let the server load this conversation from its RAM cache
+        assert action.kind == "hit" and action.target == "ram" and req.in_ram and not req.ram_here
+    if action.target == "ram":
+        assert req.in_ram and req.continuing
     if action.park_first:
         assert facts.known and facts.occupant_parkable and not facts.restarted
     if facts.busy:  # a slot action on a busy slot lands after that request and wipes it
