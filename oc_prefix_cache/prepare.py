@@ -383,6 +383,11 @@ class Preparer:
             out.append(item)
         return out
 
+    def process_ended(self, why: str) -> None:
+        """The server's process ended, known from elsewhere (a router unloaded this model): what its
+        slots held, its file proofs and its witness go (``ocpc status`` and ``top`` stop showing them)."""
+        self.tracker.restarted(self.server, why)
+
     def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
         """Behind a router: its model was just loaded (a new child process) or woke from sleep (a
         new context in the same process). The warm start of ``warm_start``, yielding to requests

@@ -168,6 +168,9 @@ class LoadWatch:
                           port=port)
             with self._guard:
                 self._seen[model] = now
+            if before is not None and before.status == "loaded" and status != "loaded":
+                # its child ended (or its context, asleep): what ocpc knew of its slots is gone with it
+                self._preparer_for(model).process_ended(f"the router shows it {status}")
             if status != "loaded" or (before is not None and before.status == "loaded"
                                       and (before.port, before.child) == (now.port, now.child)):
                 continue
