@@ -90,7 +90,7 @@ def read_models(url: str, *, timeout: float = 2.0) -> list[dict[str, Any]] | Non
     try:
         data = httpx.get(f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5)).json()
     except (httpx.HTTPError, ValueError) as exc:
-        log.info("cannot read the router's models (%s)", exc)
+        log.debug("cannot read the router's models (%s)", exc)  # the load watch asks every second
         return None
     entries = data.get("data") if isinstance(data, dict) else data
     return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)] \
@@ -237,6 +237,7 @@ class Models:
     def _read(self) -> dict[str, str] | None:
         entries = read_models(self.url)
         if entries is None:
+            log.info("cannot read the router's models at %s", self.url)
             return None
         names: dict[str, str] = {}
         for entry in entries:
