@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache.llama_process import free_port  # noqa: E402
 from oc_prefix_cache.process import Supervised  # noqa: E402
-from oc_prefix_cache.proxy import Proxy  # noqa: E402
+from oc_prefix_cache.proxy import Bounds, Proxy  # noqa: E402
 from oc_prefix_cache.proxy_server import ProxyServer, build_preparer  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.router import RouterProxy  # noqa: E402
@@ -49,6 +49,7 @@ from tests import workload  # noqa: E402
 
 FLAGS = ("-ub", "512", "--cache-ram", "0", "--metrics", "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024")
 PAUSE_S = 6.0  # between the load and the session measured, in both arms
+BOUNDS = Bounds(prepare_s=1800.0)  # the setup's first warm of fat-kv's head takes minutes on a busy 2-core machine
 
 
 class Bench:
@@ -72,7 +73,8 @@ class Bench:
 
     def start_proxy(self, *, warm: bool) -> None:
         self.front = RouterProxy(settings=self.settings, server_url=self.url, warm_on_load=warm, make=lambda model: Proxy(
-            settings=self.settings, preparer=build_preparer(self.settings, server_url=self.url, model=model)))
+            settings=self.settings, preparer=build_preparer(self.settings, server_url=self.url, model=model),
+            bounds=BOUNDS))
         self.proxy = ProxyServer(self.front, port=0, watch=True)
         self.proxy.start()
 

@@ -150,7 +150,6 @@ class LoadWatch:
         self._guard = threading.Lock()
         self._seen: dict[str, Running] = {}
         self._warming: set[str] = set()
-        self.loads: list[tuple[str, float]] = []  # (model, when noticed): the last few, for status
 
     def tick(self) -> list[str]:
         """Read the router's models once; start a warm start for each new load. Returns those models."""
@@ -195,7 +194,6 @@ class LoadWatch:
 
     def _start(self, model: str, *, woke: bool) -> bool:
         with self._guard:
-            self.loads = [*self.loads[-15:], (model, time.time())]
             if not self.enabled or model in self._warming:
                 return False
             self._warming.add(model)
