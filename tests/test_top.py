@@ -65,7 +65,8 @@ def test_top_shows_the_slots_the_requests_and_the_disk(llama_server: Any, tmp_pa
             answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
                                 timeout=120)
             assert answer.status_code == 200, answer.text[:300]
-        screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 3 else None)(pane()), "three pi requests")
+        screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 3 and " idle " in text else None)(pane()),
+                          "three pi requests, the slot idle again")  # busy a moment after the last answer
         print("\n" + screen)
         assert server.url in screen and "idle" in screen
         assert "[proxy]" in screen and ("head " in screen or "conversation " in screen), screen
