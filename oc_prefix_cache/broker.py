@@ -72,6 +72,9 @@ class Taken:
     returned: bool = False
 
 
+UNKNOWN_SLOTS_RETRY_S = 1.0  # a slot count that could not be read is asked again after this long
+
+
 class SlotBroker:
     """Per server: the affinity table, the line of requests waiting for a slot, the leases."""
 
@@ -91,10 +94,13 @@ class SlotBroker:
         self._leases: dict[str, Taken] = {}  # prepare_id -> a slot lent to the plugin's request
 
     # -- the server's slot count -----------------------------------------------------------
-    def n_slots(self) -> int:
-        """``/props`` ``total_slots``, re-read every ``slots_ttl_s``."""
+    def n_slots(self, *, fresh: bool = False) -> int:
+        """``/props`` ``total_slots``, re-read every ``slots_ttl_s`` (``fresh``: now). A read that
+        failed (a router's model still loading, a server restarting) is tried again a second later:
+        its fallback of one slot must not pin every request to slot 0 for the whole ttl."""
         read_at, n = self._slots
-        if time.monotonic() - read_at < self._slots_ttl_s:
+        ttl = self._slots_ttl_s if self._slots_known else UNKNOWN_SLOTS_RETRY_S
+        if not fresh and time.monotonic() - read_at < ttl:
             return n
         try:
             total = self._props(Deadline.after(2.0)).get("total_slots")

@@ -546,6 +546,9 @@ def stats(
         speeds = ", ".join(f"{url} {tok_s:,.0f} tok/s" for url, tok_s in data.speed_tok_s.items())
         console.print(f"saved: reused from ocpc's files (plain llama-server would process them); "
                       f"prefill speed measured: {speeds or 'not yet'}" + (f"; chart: {png}" if png else ""))
+        if data.log_from is not None:
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(data.log_from))
+            console.print(f"the event log is bounded: it holds events from {since} on (anything older rolled out)")
 
 
 @app.command()

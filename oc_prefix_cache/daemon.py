@@ -40,7 +40,7 @@ from .errors import BadRequestBody, ConfigError, OcpcError
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head
 from .prepare import Preparer, PrepareResult
-from .router import RouterCheck
+from .router import LoadWatch, RouterCheck
 from .server_info import port_of, read_runtime
 from .settings import LOOPBACK_HOSTS, Settings
 from .slot_client import SlotClient
@@ -101,13 +101,14 @@ class Daemon:
         port_ = port_of(self.server_url)
         self.tracker = tracker or SlotTracker(lock_dir=settings.home)
         self.background = Background()
+        self._runtime = read_runtime(settings, port_) if port_ else None  # how `ocpc launch` started it
         self.preparer = Preparer(settings=settings, client=self.client, store=self.store, tracker=self.tracker,
-                                 server_binary=server_binary, schedule=self.background.submit,
-                                 runtime=read_runtime(settings, port_) if port_ else None)
+                                 server_binary=server_binary, schedule=self.background.submit, runtime=self._runtime)
         # behind a llama-server router (router.py): one Preparer per model, by the body's `model`
         self._guard = threading.Lock()
         self._router = RouterCheck(self.server_url)
         self._models: dict[str, Preparer] = {}
+        self.loads = LoadWatch(self.server_url, preparer_for=self.model_preparer)  # warm starts after loads
         self._issued: OrderedDict[str, Preparer] = OrderedDict()  # prepare_id -> the Preparer that made it
         self._server_binary = server_binary
         server_class = _Server6 if ":" in host else _Server
@@ -138,6 +139,11 @@ class Daemon:
     def _watch(self) -> None:
         """Notice server restarts between requests (see ``Preparer.watch``)."""
         while not self._stopping.wait(self._watch_interval):
+            try:
+                if self._router.is_router():
+                    self.loads.tick()
+            except Exception:  # the watcher must outlive any surprise
+                log.exception("the router's load watch failed; trying again")
             for preparer in self.preparers():
                 try:
                     preparer.watch()
@@ -220,7 +226,8 @@ class Daemon:
             if preparer is None:
                 preparer = self._models[model] = Preparer(
                     settings=self.settings, client=SlotClient(self.server_url, model=model), store=self.store,
-                    tracker=self.tracker, server_binary=self._server_binary, schedule=self.background.submit)
+                    tracker=self.tracker, server_binary=self._server_binary, schedule=self.background.submit,
+                    runtime=self._runtime)
                 log.info("router model %s: its own Preparer (%s)", model, preparer.server)
             return preparer
 
@@ -267,6 +274,8 @@ class Daemon:
         data["daemon"] = self.preparer.status()
         if self._models:
             data["models"] = {model: preparer.status() for model, preparer in list(self._models.items())}
+        if self._router.is_router():
+            data["loaded"] = self.loads.status()
         data["disk"] = _disk_files(self.settings.slot_dir)
         try:
             data["index"] = self.store.load().to_json()

@@ -192,7 +192,8 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
             daemon.start()
             routed = "--models-dir" in argv
             if routed:
-                say("a llama-server router: the daemon and the proxy prepare each model on its own (router.py)")
+                say("a llama-server router: the daemon and the proxy prepare each model on its own, and warm its "
+                    "slots when the router loads it (router.py)")
             else:
                 warm_in_background(daemon.preparer, say=say)
             proxy = start_proxy(settings, daemon, say=say, routed=routed)

@@ -48,7 +48,7 @@ from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .ramcache import RamLimit, RamModel, swaps_from_ram
-from .server_info import LoraMemo, flag_value, gather_identity, process_start, server_command
+from .server_info import LoraMemo, child_process, flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient, Timings
 from .slotfile import read_header, slot_filename
@@ -65,6 +65,11 @@ HeadRule = Callable[[dict[str, Any]], Head | Skip]
 MAX_RECORDS = 256  # prepares remembered for their reports
 GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
 BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)
+# A slot a prepare answered for this recently is still its request's: the request may not have
+# reached the server yet (the plugin sends it after the answer), so a warm start after a router's
+# load leaves it alone.
+CLAIM_GRACE_S = 5.0
+LOCK_TRY_S = 0.05  # a warm start after a load takes a slot only if nobody holds it (a request's hold)
 
 
 @dataclass
@@ -171,6 +176,8 @@ class Preparer:
         self._gc_queued_at: float | None = None
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._in_flight: dict[int, dict[str, Any]] = {}  # slot -> what a prepare is doing there (_doing)
+        self._claims: Counter[int] = Counter()  # slot -> prepares running for it now
+        self._claim_ended: dict[int, tuple[float, int]] = {}  # slot -> when its last prepare answered, epoch
         self._seq = 0
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
@@ -205,6 +212,7 @@ class Preparer:
         self.idle.clear(slot)  # a request is about to run there: no park ahead of it now
         session = lower.get("x-session-id", "") if session is None else session
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
+        self._claim(slot, 1)
         try:
             result = self._prepare(raw, lower, slot, deadline, session, rule)
         except BadRequestBody as exc:
@@ -223,6 +231,8 @@ class Preparer:
             self.tracker.forget(self.server, slot, "a prepare crashed")
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._claim(slot, -1)
         self._publish_idle(slot)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
@@ -377,10 +387,35 @@ class Preparer:
             out.append(item)
         return out
 
-    def warm_start(self, *, deadline: Deadline) -> list[str]:
+    def process_ended(self, why: str) -> None:
+        """The server's process ended, known from elsewhere (a router unloaded this model): what its
+        slots held, its file proofs and its witness go (``ocpc status`` and ``top`` stop showing them)."""
+        self.tracker.restarted(self.server, why)
+
+    def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
+        """Behind a router: its model was just loaded (a new child process) or woke from sleep (a
+        new context in the same process). The warm start of ``warm_start``, yielding to requests
+        (``yielding``), and with every call saying ``autoload=false``: if the router unloads the
+        model meanwhile, ocpc's restores fail instead of loading it again."""
+        with self.client.background():
+            if woke:
+                self.tracker.restarted(self.server, "the router's model woke from sleep: a new context")
+            try:
+                self._observe(self.settings.slot, deadline=deadline)  # a new child: noticed by its witness
+            except OcpcError as exc:
+                return [f"not warmed: {exc}"]
+            return self.warm_start(deadline=deadline, yielding=True)
+
+    def warm_start(self, *, deadline: Deadline, yielding: bool = False) -> list[str]:
         """Restore into each idle slot the head or project head it held last (warmstart.py), so
         the first request after a (re)start finds it in place (its prepare answers ``hit``).
-        Each slot under its lock; one line per slot for the caller to print. Never raises."""
+        Each slot under its lock; one line per slot for the caller to print. Never raises.
+
+        ``yielding`` (after a router's load, when a request may be what loaded the model): a slot
+        a request has (a prepare running or just answered for it, its lock held, the server busy
+        in it, or a task already run there) is passed over at once; the request's own prepare does
+        what it needs. Without it (``ocpc launch``, before any request), a request that comes
+        meanwhile waits for its slot's restore, within its own deadline, and finds it warm."""
         try:
             if self.stood_down():
                 return [f"not warmed: ocpc stands down on this server ({self.stood_down()})"]
@@ -391,22 +426,31 @@ class Preparer:
             server = self._identity(deadline)
             if server.cache.restores_serve:
                 return [f"not warmed: {server.cache.restores_serve}"]
-            picks, said = choose(self.store.load(), server=self.server, n_slots=self.broker.n_slots(),
+            self.flush_usage()  # what this process noted of each slot (a load can come seconds after a use)
+            n_slots = self.broker.n_slots(fresh=True)
+            if self.broker.slots_known() is None:
+                return ["not warmed: the server did not say how many slots it has (/props)"]
+            picks, said = choose(self.store.load(), server=self.server, n_slots=n_slots,
                                  model=server.model_path, build=server.build, now=time.time())
         except OcpcError as exc:
             return [f"not warmed: {exc}"]
         for pick in picks:
-            said.append(f"slot {pick.slot}: {self._warm_one(pick, deadline)}")
+            said.append(f"slot {pick.slot}: {self._warm_one(pick, deadline, yielding=yielding)}")
         return said
 
-    def _warm_one(self, pick: Pick, deadline: Deadline) -> str:
+    def _warm_one(self, pick: Pick, deadline: Deadline, *, yielding: bool) -> str:
         started = time.perf_counter()
         path = self.settings.slot_dir / pick.entry.file
+        if yielding and self._claimed(pick.slot):
+            return "not warmed: a request has this slot (its own prepare decides)"
         try:
-            with self.tracker.slot_lock(self.server, pick.slot, deadline=deadline):
+            with self.tracker.slot_lock(self.server, pick.slot, deadline=Deadline.after(LOCK_TRY_S) if yielding
+                                        else deadline):
                 seen = self._observe(pick.slot, deadline=deadline)
                 if seen.holding is not None or seen.now.busy or seen.now.id_task is not None:
                     return "not warmed: a request came first"
+                if yielding and self._claimed(pick.slot):  # a prepare began while this one looked
+                    return "not warmed: a request has this slot (its own prepare decides)"
                 tokens = tuple(read_header(path).tokens)
                 head = pick.entry.head or pick.key
                 plan = HeadPlan(fingerprint=head, tokens=tokens, request_tokens=tokens, prompt="",
@@ -416,16 +460,40 @@ class Preparer:
                                                  prove=False, before=seen.now, epoch=seen.epoch, deadline=deadline,
                                                  witnessed=True, by_request=True)
                 now = self.executor.observe(pick.slot, deadline=deadline)
+                if now.id_task is not None:  # a request reached the slot first: the server ran the restore
+                    self._count("warm_start_late")  # after it, and the head replaced what it left
+                    log.warning("warm start of slot %d of %s: a request reached the slot before the restore, "
+                                "which the server ran after it", pick.slot, self.server)
                 self.tracker.leave(self.server, pick.slot, Holding(
                     kind=pick.entry.kind, key=pick.key, head=head, n_tokens=len(done.tokens), exact=True, left=now,
                     stored=len(done.tokens)), epoch=seen.epoch)
                 self.usage.note(pick.key, slot=slot_key(self.server, pick.slot))
                 self._count("warm_start")
+        except LockTimeout:
+            return ("not warmed: a request has this slot (its own prepare decides)" if yielding
+                    else "not warmed: its slot stayed busy")
         except (OcpcError, SlotFileError) as exc:
             self._count("warm_start_failed")
             return f"not warmed: {exc}"
         return (f"{pick.why}: restored {len(done.tokens):,} tokens in {(time.perf_counter() - started) * 1000:.0f} ms "
                 "(the first request's report proves it)")
+
+    def _claim(self, slot: int, change: int) -> None:
+        epoch = self.tracker.epoch(self.server)
+        with self._guard:
+            self._claims[slot] += change
+            if change < 0:
+                self._claim_ended[slot] = (time.monotonic(), epoch)
+                if self._claims[slot] <= 0:
+                    del self._claims[slot]
+
+    def _claimed(self, slot: int) -> bool:
+        """A prepare runs for ``slot``, or answered for it on this server process so recently that
+        its request may still be on its way to the server."""
+        epoch = self.tracker.epoch(self.server)
+        with self._guard:
+            ended, ended_epoch = self._claim_ended.get(slot, (float("-inf"), -1))
+            return self._claims[slot] > 0 or (ended_epoch == epoch and time.monotonic() - ended < CLAIM_GRACE_S)
 
     def stood_down(self) -> str | None:
         """Why ocpc stands down on this server process (restores cannot serve), or None.
@@ -972,7 +1040,8 @@ class Preparer:
         process = self.tracker.process(self.server)
         gone = process is not None and process_start(process[0]) != process[1]
         return self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline),
-                                    process_gone=gone, process_alive=process is not None and not gone)
+                                    process_gone=gone, process_alive=process is not None and not gone,
+                                    witness=process)
 
     def _witnessed(self) -> bool:
         """Whether ocpc watches the server's process (so a restore needs no task after it)."""
@@ -992,10 +1061,18 @@ class Preparer:
             return argv
         epoch = self.tracker.epoch(self.server)
         argv, process = server_command(self.server, runtime=self._runtime) or (None, None)
-        if self.client.model is not None:  # a router: the process found is the router's, not the model's child
-            process = None  # (a child is a new process on every load: its restarts show in its slots' task ids)
+        if self.client.model is not None:  # a router: the process found is the router's; the model's
+            process = self._child()  # own is its child (a new process on every load)
         self.tracker.set_argv(self.server, argv, epoch=epoch, process=process)
         return argv
+
+    def _child(self) -> tuple[int, int] | None:
+        """Behind a router: the child process serving this model now (server_info.child_process)."""
+        try:
+            return child_process(self.client.model_entry(deadline=Deadline.after(2.0)))
+        except OcpcError as exc:
+            log.info("cannot find the child process of %s: %s", self.server, exc)
+            return None
 
     def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:
         step = flag_value(self._server_argv() or [], ("--checkpoint-min-step", "-cms"))

@@ -8,10 +8,18 @@ on a GET (b11434, ``server-models.cpp``). So ocpc keeps one Preparer per model, 
 (fingerprints cover the model, so one slot folder serves all) and counters.
 
 The router gives no hook before it unloads a model. ocpc does not need one: a conversation left
-idle is parked ahead (ahead.py) within seconds, and a model loaded again is a new process whose
-slots show no task, which the tracker takes for a restart; the conversation's next turn restores
-its park and processes only its new tokens. ocpc's own looks at a model (the watch) never load
-it (``autoload=false``), so they never evict another.
+idle is parked ahead (ahead.py) within seconds, and a model loaded again is a new process (its
+child, the restart witness: ``server_info.child_process``), which the tracker takes for a restart;
+the conversation's next turn restores its park and processes only its new tokens. ocpc's own
+calls to a model outside a request (the watch, parks ahead, warm starts) never load it
+(``autoload=false``), so they never evict another.
+
+``LoadWatch`` notices each load however it came (a request, ocpc's own ``ensure_loaded``, another
+client, ``POST /models/load``): once a second it reads the router's ``GET /models`` (the router
+answers it: nothing is loaded) and, for a model running in a child it had not seen (or that woke
+from sleep), warm-starts that model's slots (``Preparer.warm_loaded``: warmstart.py's choice for
+the model's key, yielding every slot a request has), so a new session after the load finds its
+head in place.
 
 ``RouterProxy`` is the proxy's front for a router: the request's ``model`` (canonical id, from
 the router's ``/models``) picks that model's ``Proxy``; anything else goes through unchanged.
@@ -25,17 +33,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from .deadline import Deadline
+from .errors import OcpcError
 from .head import MAX_BODY_BYTES
+from .prepare import Preparer
 from .proxy import API_PATHS, Proxy
 from .relay import ClientGone, Receive, Scope, Send, read_body
+from .server_info import child_process, flag_value, process_start
 from .settings import Settings
+from .slot_client import SlotClient, Timeouts
 
 log = logging.getLogger("ocpc.router")
 MODELS_TTL_S = 30.0  # the router's model list (ids and aliases) is read again after this long
+WARM_ON_LOAD_S = 300.0  # a warm start after a load gives up after this long
 
 
 def is_router(url: str, *, timeout: float = 2.0) -> bool:
@@ -69,6 +84,136 @@ class RouterCheck:
             return self._yes
 
 
+def read_models(url: str, *, timeout: float = 2.0) -> list[dict[str, Any]] | None:
+    """The router's ``GET /models`` entries (answered by the router itself: loads nothing), or
+    None when it cannot be read."""
+    try:
+        data = httpx.get(f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5)).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        log.debug("cannot read the router's models (%s)", exc)  # the load watch asks every second
+        return None
+    entries = data.get("data") if isinstance(data, dict) else data
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)] \
+        if isinstance(entries, list) else None
+
+
+def status_of(entry: dict[str, Any]) -> str:
+    """A ``GET /models`` entry's status: loaded, loading, unloaded, sleeping, ... ("?" unknown)."""
+    status = entry.get("status")
+    value = status.get("value") if isinstance(status, dict) else None
+    return value if isinstance(value, str) else "?"
+
+
+def models_view(url: str, *, timeouts: Timeouts) -> list[dict[str, Any]] | None:
+    """Each model of the router, for ``ocpc top`` and ``ocpc status``: its id and status, and for a
+    loaded one its model file, context and slots (``/props`` and ``/slots`` of its child, asked
+    with ``autoload=false``: looking never loads a model). None when the router's list cannot be
+    read. A loaded model whose child cannot be read carries ``error``."""
+    entries = read_models(url, timeout=timeouts.quick)
+    if entries is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        view: dict[str, Any] = {"id": entry["id"], "status": status_of(entry)}
+        if view["status"] == "loaded":
+            with SlotClient(url, timeouts=timeouts, model=entry["id"]) as client, client.background():
+                try:
+                    props, slots = client.props(), client.slots()
+                except OcpcError as exc:  # unloaded in between, or busy loading
+                    view["error"] = str(exc)
+                else:
+                    view.update(model_path=props.get("model_path"),
+                                n_ctx=(props.get("default_generation_settings") or {}).get("n_ctx"), slots=slots)
+        out.append(view)
+    return out
+
+
+@dataclass(frozen=True)
+class Running:
+    """One model as the load watch last saw it: its status and the child that runs it."""
+
+    status: str
+    child: tuple[int, int] | None  # (pid, start time), when visible on this machine
+    port: str | None  # the child's port (a fresh one per load)
+
+
+class LoadWatch:
+    """Warm-starts each model the router loads (see the module docstring). ``tick`` once a second
+    (the watch); a model's warm start runs in its own thread, one at a time per model."""
+
+    def __init__(self, url: str, *, preparer_for: Callable[[str], Preparer],
+                 warm_s: float = WARM_ON_LOAD_S, enabled: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self._preparer_for = preparer_for
+        self._warm_s = warm_s
+        self.enabled = enabled  # off: loads are only noticed (a bench's control arm)
+        self._guard = threading.Lock()
+        self._seen: dict[str, Running] = {}
+        self._warming: set[str] = set()
+
+    def tick(self) -> list[str]:
+        """Read the router's models once; start a warm start for each new load. Returns those models."""
+        entries = read_models(self.url)
+        if entries is None:
+            return []
+        started = []
+        for entry in entries:
+            model, status = entry["id"], status_of(entry)
+            args = (entry.get("status") or {}).get("args")
+            port = flag_value([str(a) for a in args], ("--port",)) if isinstance(args, list) else None
+            with self._guard:
+                before = self._seen.get(model)
+            now = Running(status=status, child=self._child(entry, before, port) if status == "loaded" else None,
+                          port=port)
+            with self._guard:
+                self._seen[model] = now
+            if before is not None and before.status == "loaded" and status != "loaded":
+                # its child ended (or its context, asleep): what ocpc knew of its slots is gone with it
+                self._preparer_for(model).process_ended(f"the router shows it {status}")
+            if status != "loaded" or (before is not None and before.status == "loaded"
+                                      and (before.port, before.child) == (now.port, now.child)):
+                continue
+            woke = before is not None and before.status == "sleeping" and before.port == now.port
+            if self._start(model, woke=woke):
+                started.append(model)
+        return started
+
+    @staticmethod
+    def _child(entry: dict[str, Any], before: Running | None, port: str | None) -> tuple[int, int] | None:
+        """The child process: the one seen before while it still runs on the same port (a /proc
+        read), else found again (a scan of /proc)."""
+        if before is not None and before.child is not None and before.port == port and \
+                process_start(before.child[0]) == before.child[1]:
+            return before.child
+        return child_process(entry)
+
+    def status(self) -> dict[str, str]:
+        """Each model's status as last read."""
+        with self._guard:
+            return {model: running.status for model, running in self._seen.items()}
+
+    def _start(self, model: str, *, woke: bool) -> bool:
+        with self._guard:
+            if not self.enabled or model in self._warming:
+                return False
+            self._warming.add(model)
+        log.info("the router %s %s: warm start of its slots", "woke" if woke else "loaded", model)
+
+        def work() -> None:
+            try:
+                preparer = self._preparer_for(model)
+                for line in preparer.warm_loaded(woke=woke, deadline=Deadline.after(self._warm_s)):
+                    log.info("warm start after the load of %s: %s", model, line)
+            except Exception:  # a warm start must never take the watch down
+                log.exception("warm start after the load of %s failed", model)
+            finally:
+                with self._guard:
+                    self._warming.discard(model)
+
+        threading.Thread(target=work, name=f"ocpc-warm-load-{model}"[:60], daemon=True).start()
+        return True
+
+
 class Models:
     """The router's models by name and alias -> canonical id (``GET /models``, read again every
     ``MODELS_TTL_S``; answered by the router itself, so it loads nothing)."""
@@ -88,29 +233,29 @@ class Models:
             return self._names.get(name)
 
     def _read(self) -> dict[str, str] | None:
-        try:
-            data = httpx.get(f"{self.url}/models", timeout=httpx.Timeout(2.0, connect=0.5)).json()
-        except (httpx.HTTPError, ValueError) as exc:
-            log.info("cannot read the router's models (%s)", exc)
+        entries = read_models(self.url)
+        if entries is None:
+            log.info("cannot read the router's models at %s", self.url)
             return None
-        entries = data.get("data") if isinstance(data, dict) else data
         names: dict[str, str] = {}
-        for entry in entries if isinstance(entries, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-                names[entry["id"]] = entry["id"]
-                for alias in entry.get("aliases") or []:
-                    if isinstance(alias, str):
-                        names.setdefault(alias, entry["id"])
+        for entry in entries:
+            names[entry["id"]] = entry["id"]
+            for alias in entry.get("aliases") or []:
+                if isinstance(alias, str):
+                    names.setdefault(alias, entry["id"])
         return names
 
 
 class _Preparers:
-    """The watch and usage flush of every model's Preparer, as ``ProxyServer`` runs a Preparer's."""
+    """The watch and usage flush of every model's Preparer, as ``ProxyServer`` runs a Preparer's,
+    and the load watch's tick before them."""
 
-    def __init__(self, proxies: Callable[[], list[Proxy]]) -> None:
+    def __init__(self, proxies: Callable[[], list[Proxy]], loads: LoadWatch) -> None:
         self._proxies = proxies
+        self._loads = loads
 
     def watch(self) -> None:
+        self._loads.tick()
         for proxy in self._proxies():
             proxy.preparer.watch()
 
@@ -122,7 +267,10 @@ class _Preparers:
 class RouterProxy:
     """The proxy in front of a router: one ``Proxy`` (and Preparer) per model, made on first use."""
 
-    def __init__(self, *, settings: Settings, server_url: str, make: Callable[[str | None], Proxy]) -> None:
+    def __init__(self, *, settings: Settings, server_url: str, make: Callable[[str | None], Proxy],
+                 warm_on_load: bool = True) -> None:
+        """``warm_on_load``: warm-start a model's slots when the router loads it (``LoadWatch``,
+        run by the watch: ``ProxyServer(watch=True)``; under ``ocpc launch`` the daemon runs it)."""
         self.settings = settings
         self.server = server_url.rstrip("/")
         self.models = Models(self.server)
@@ -130,7 +278,9 @@ class RouterProxy:
         self._guard = threading.Lock()
         self._proxies: dict[str | None, Proxy] = {}
         self._origins: frozenset[str] = frozenset()
-        self.preparer = _Preparers(self._all)
+        self.loads = LoadWatch(self.server, preparer_for=lambda model: self.proxy_for(model).preparer,
+                               enabled=warm_on_load)
+        self.preparer = _Preparers(self._all, self.loads)
 
     @property
     def own_origins(self) -> frozenset[str]:
@@ -200,7 +350,7 @@ class RouterProxy:
         with self._guard:
             items = list(self._proxies.items())
         body = json.dumps({"router": self.server, "models": {
-            model or "": proxy.status() for model, proxy in items}}).encode()
+            model or "": proxy.status() for model, proxy in items}, "loaded": self.loads.status()}).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body, "more_body": False})

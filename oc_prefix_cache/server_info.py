@@ -227,6 +227,23 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+def child_process(entry: dict[str, Any]) -> tuple[int, int] | None:
+    """The child server a llama-server router runs for one model (pid, start time), from that
+    model's ``GET /models`` entry: while it is loaded, ``status.args`` holds the child's command
+    line with the port the router gave it (a fresh one per load). None when the model is not
+    loaded or no such process is visible here (another machine, another user's process).
+
+    The child is the restart witness of that model: each load is a new process, and a slot that
+    holds only ocpc's restore shows no task, exactly like the empty slot of a newly loaded child."""
+    status = entry.get("status")
+    if not isinstance(status, dict) or status.get("value") != "loaded" or not isinstance(status.get("args"), list):
+        return None
+    port = flag_value([str(a) for a in status["args"]], ("--port",))
+    found = _find_process(int(port)) if port is not None and port.isdigit() else None
+    started = process_start(found[0]) if found is not None else None
+    return (found[0], started) if found is not None and started is not None else None
+
+
 def _find_process(port: int) -> tuple[int, list[str]] | None:
     """A local llama-server whose flags (or LLAMA_ARG_PORT) say it listens on ``port``."""
     for pid, argv in _llama_processes():
@@ -367,7 +384,8 @@ def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
 
 
 def port_of(url: str) -> int | None:
-    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    """The port of ``url``; of a router model's key (``<router>#model=<id>``) the router's."""
+    rest = url.split("://", 1)[-1].split("/", 1)[0].split("#", 1)[0].split("?", 1)[0]
     if ":" not in rest:
         return 80
     try:

@@ -71,8 +71,9 @@ class SlotClient:
 
     ``model``: the model's id behind a llama-server **router** (``--models-dir``): every call goes
     to the router with it (``"model"`` in a POST body, ``?model=`` on a GET) and reaches that
-    model's child server. A GET made inside ``background()`` (the watch, parks ahead) also says
-    ``autoload=false``: looking at an unloaded model must not load it (and evict another).
+    model's child server. A call made inside ``background()`` (the watch, parks ahead, a warm start
+    after a load) also says ``?autoload=false``: ocpc's own work on a model the router unloaded
+    meanwhile must not load it again (and evict another); the router answers 400 instead.
     """
 
     def __init__(self, base_url: str, *, timeouts: Timeouts | None = None,
@@ -105,10 +106,12 @@ class SlotClient:
         """The path and request arguments, with the router's model when there is one."""
         if self.model is None:
             return path, kwargs
+        query = {"autoload": "false"} if getattr(self._local, "background", False) else {}
         if method == "GET":
-            query = {"model": self.model} | ({"autoload": "false"} if getattr(self._local, "background", False) else {})
-            return path, kwargs | {"params": {**(kwargs.get("params") or {}), **query}}
-        return path, kwargs | {"json": {**(kwargs.get("json") or {}), "model": self.model}}
+            query = {"model": self.model} | query
+        else:
+            kwargs = kwargs | {"json": {**(kwargs.get("json") or {}), "model": self.model}}
+        return path, kwargs | ({"params": {**(kwargs.get("params") or {}), **query}} if query else {})
 
     def ensure_loaded(self, *, deadline: Deadline) -> bool:
         """Behind a router: load this client's model if it is not (what the request would make the
@@ -134,6 +137,12 @@ class SlotClient:
 
     def _model_state(self, deadline: Deadline) -> str | None:
         """The router's status of this client's model (``GET /models``: loads nothing)."""
+        status = self.model_entry(deadline=deadline).get("status")
+        return status.get("value") if isinstance(status, dict) else None
+
+    def model_entry(self, *, deadline: Deadline) -> dict[str, Any]:
+        """This client's model as the router's ``GET /models`` lists it (its status, and while it
+        runs, the child's arguments: ``status.args``). Answered by the router: loads nothing."""
         try:
             data = self._send("GET", "/models", timeout=self._t(self._within(self.timeouts.quick, deadline,
                                                                              "read the router's models"))).json()
@@ -141,8 +150,7 @@ class SlotClient:
             raise ServerUnreachable(f"cannot read the router's models at {self.base_url}: {exc}") from exc
         for entry in data.get("data", []) if isinstance(data, dict) else []:
             if isinstance(entry, dict) and (entry.get("id") == self.model or self.model in (entry.get("aliases") or [])):
-                status = entry.get("status")
-                return status.get("value") if isinstance(status, dict) else None
+                return entry
         raise ServerError(f"the router at {self.base_url} has no model {self.model!r}")
 
     def close(self) -> None:

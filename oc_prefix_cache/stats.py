@@ -1,5 +1,12 @@
 """``ocpc stats``: what the cache saved, per day and harness, from the event log (events.py).
 
+Days are local dates: a range of ``days`` starts at local midnight that many calendar days back
+(date arithmetic, not 86,400-second steps, so a daylight-saving change inside the range moves no
+event into the wrong day), and every day of the range is listed, a day without requests as zeros
+(the chart's bars then stand on their dates). The log is bounded (events.py): when it has rolled
+over and its oldest kept event is younger than the range, ``log_from`` says from when it holds
+events, so a quiet early day is not mistaken for one whose events were rolled out.
+
 "Saved" is counted honestly against plain llama-server: only the prompt tokens a request
 reused from what ocpc put in the slot from a file (a head, a project head, a park) count as
 saved; a hit on the slot's own live state, or on the server's RAM cache, the server would have
@@ -12,15 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .events import Event, read_events
+from .events import FILE, Event, read_events
 
 FROM_FILES = ("head", "proj", "park")  # what ocpc restored: the tokens plain llama-server would redo
 SPEED_MIN_TOKENS = 64  # shorter prefills measure the call's overhead more than the speed
-DAY_S = 86400
 
 
 @dataclass
@@ -47,19 +53,49 @@ class Row:
 class Stats:
     rows: tuple[Row, ...]  # by day, then harness
     speed_tok_s: dict[str, float]  # per server: its measured prefill speed
-    first: float | None  # the oldest event kept (the log is bounded)
+    first: float | None  # the oldest event in the range
+    days: tuple[str, ...] = ()  # every local date of the range, oldest first (empty: the rows' days)
+    log_from: float | None = None  # the log rolled over and holds events only from then on
+
+    def by_day(self) -> list[Row]:
+        """One row per day of the range (all harnesses), a day without events as zeros."""
+        days = self.days or tuple(sorted({r.day for r in self.rows}))
+        out = []
+        for day in days:
+            row = total(r for r in self.rows if r.day == day)
+            row.day = day
+            out.append(row)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         totals = total(self.rows)
-        return {"rows": [r.to_json() for r in self.rows], "total": totals.to_json(),
-                "speed_tok_s": {k: round(v, 1) for k, v in self.speed_tok_s.items()},
-                "first_event": self.first}
+        return {"rows": [r.to_json() for r in self.rows], "days": [_without_harness(r.to_json()) for r in self.by_day()],
+                "total": totals.to_json(), "speed_tok_s": {k: round(v, 1) for k, v in self.speed_tok_s.items()},
+                "first_event": self.first, "log_from": self.log_from}
 
 
 def gather(folder: Path, *, days: int, now: float) -> Stats:
     """The stats of the last ``days`` days (today included) of the event log in ``folder``."""
-    start = _day_start(now) - (days - 1) * DAY_S
-    return summarise(read_events(folder, since=start))
+    dates = local_days(now, days)
+    start = _midnight(dates[0])
+    stats = summarise(read_events(folder, since=start))
+    kept_from = oldest_kept(folder)
+    rolled = kept_from is not None and kept_from > start
+    return replace(stats, days=tuple(d.isoformat() for d in dates), log_from=kept_from if rolled else None)
+
+
+def local_days(now: float, days: int) -> list[dt.date]:
+    """The ``days`` local dates ending with ``now``'s, oldest first."""
+    today = dt.datetime.fromtimestamp(now).date()
+    return [today - dt.timedelta(days=back) for back in range(days - 1, -1, -1)]
+
+
+def oldest_kept(folder: Path) -> float | None:
+    """The time of the log's oldest event when it has rolled over (an older generation exists),
+    else None: then the log holds everything it was ever given."""
+    if not (folder / f"{FILE}.1").exists():
+        return None
+    return next((e.at for e in read_events(folder)), None)
 
 
 def summarise(events: Iterable[Event]) -> Stats:
@@ -114,19 +150,34 @@ def total(rows: Iterable[Row]) -> Row:
     return out
 
 
-def chart(stats: Stats, path: Path) -> None:
+@dataclass(frozen=True)
+class Bars:
+    """What ``chart`` draws, per day of the range (stacked, bottom to top)."""
+
+    days: tuple[str, ...]
+    saved: tuple[int, ...]  # reused from ocpc's files
+    other: tuple[int, ...]  # reused by the server itself
+    processed: tuple[int, ...]  # processed, ocpc's own prefill included
+
+
+def bars(stats: Stats) -> Bars:
+    rows = stats.by_day()
+    return Bars(days=tuple(r.day for r in rows), saved=tuple(r.saved for r in rows),
+                other=tuple(r.reused - r.saved for r in rows),
+                processed=tuple(r.processed + r.ocpc_prefill for r in rows))
+
+
+def chart(stats: Stats, path: Path) -> Bars:
     """A PNG of the days: prompt tokens reused from ocpc's files, reused otherwise, processed
-    (matplotlib, from the ``bench`` extra; ``ImportError`` when it is missing)."""
+    (matplotlib, from the ``bench`` extra; ``ImportError`` when it is missing). Returns the bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    days = sorted({r.day for r in stats.rows})
-    by_day = {d: total(r for r in stats.rows if r.day == d) for d in days}
-    saved = [by_day[d].saved for d in days]
-    other = [by_day[d].reused - by_day[d].saved for d in days]
-    processed = [by_day[d].processed + by_day[d].ocpc_prefill for d in days]
+    drawn = bars(stats)
+    days, saved, other, processed = (list(drawn.days), list(drawn.saved), list(drawn.other),
+                                     list(drawn.processed))
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(days) + 2), 3.6))
     ax.bar(days, saved, label="reused from ocpc's files (saved)", color="#2a9d8f")
     ax.bar(days, other, bottom=saved, label="reused by the server itself", color="#8ecae6")
@@ -139,8 +190,14 @@ def chart(stats: Stats, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return drawn
 
 
-def _day_start(now: float) -> float:
-    local = dt.datetime.fromtimestamp(now)
-    return dt.datetime(local.year, local.month, local.day).timestamp()
+def _without_harness(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop("harness", None)
+    return row
+
+
+def _midnight(day: dt.date) -> float:
+    """Local midnight of ``day`` (mktime resolves the zone's offset on that date)."""
+    return dt.datetime(day.year, day.month, day.day).timestamp()

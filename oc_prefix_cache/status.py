@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import OcpcError, StoreError
 from .fingerprint import kv_settings
@@ -69,12 +70,21 @@ def plugin_part(settings: Settings, *, tail_bytes: int = 1 << 20) -> dict[str, A
 
 
 def server_part(settings: Settings) -> dict[str, Any]:
+    """The server; a llama-server router (``--models-dir``) with ``router: true`` and ``models``:
+    each model's status and, while loaded, its model file, slots, context and busy slots (asked
+    with ``autoload=false``: nothing is loaded to be looked at). A router's own ``slots`` count is
+    its loaded models' slots together, and its ``model``, ``n_ctx`` are null."""
     url = settings.base_url
     part: dict[str, Any] = {"url": url, "reachable": False}
+    models: list[dict[str, Any]] | None = None
     with SlotClient(url, timeouts=QUICK) as client:
         try:
             props = client.props()
-            slots = client.slots()
+            if props.get("role") == "router":
+                models = _router_models(url)
+                slots: list[dict[str, Any]] = []
+            else:
+                slots = client.slots()
         except OcpcError as exc:
             part["error"] = str(exc)
             return part
@@ -86,7 +96,28 @@ def server_part(settings: Settings) -> dict[str, Any]:
         busy=[s.get("id") for s in slots if s.get("is_processing")],
         flags=_flags(argv), kv_flags=list(kv_settings(argv)) if argv is not None else None,
     )
+    if models is not None:
+        part.update(router=True, models=models, model=None, n_ctx=None, slots=sum(m.get("slots", 0) for m in models))
     return part
+
+
+def _router_models(url: str) -> list[dict[str, Any]]:
+    from .router import models_view
+
+    views = models_view(url, timeouts=QUICK)
+    if views is None:
+        raise OcpcError(f"the router at {url} did not list its models (GET /models)")
+    out = []
+    for view in views:
+        model: dict[str, Any] = {"id": view["id"], "status": view["status"]}
+        if "error" in view:
+            model["error"] = view["error"]
+        if "slots" in view:
+            slots = view["slots"]
+            model.update(model=view.get("model_path"), slots=len(slots), n_ctx=view.get("n_ctx"),
+                         busy=[s.get("id") for s in slots if s.get("is_processing")])
+        out.append(model)
+    return out
 
 
 def _flags(argv: list[str] | None) -> dict[str, str | None] | None:
@@ -110,9 +141,23 @@ def daemon_part(settings: Settings) -> dict[str, Any]:
     counters = daemon.get("counters") or {}
     recent = [{"action": e.get("action"), "ms": e.get("elapsed_ms"), "fingerprint": e.get("fingerprint")}
               for e in (daemon.get("events") or [])[-5:]]
-    return {"url": url, "up": True, "server_url": (data.get("server") or {}).get("url"),
+    part = {"url": url, "up": True, "server_url": (data.get("server") or {}).get("url"),
             "counters": counters, "fail_opens": counters.get("failed", 0), "recent": recent,
             "last_report": daemon.get("last_report"), "stood_down": daemon.get("stood_down")}
+    models = data.get("models")
+    if isinstance(models, dict):  # behind a router: each model's Preparer
+        part["models"] = {model: _model_part(status) for model, status in models.items() if isinstance(status, dict)}
+    return part
+
+
+def _model_part(status: dict[str, Any]) -> dict[str, Any]:
+    """One router model's Preparer in the daemon: its counters, last report, what its slots hold."""
+    counters = status.get("counters") or {}
+    slots = (status.get("tracker") or {}).get("slots") or {}
+    return {"counters": counters, "fail_opens": counters.get("failed", 0), "last_report": status.get("last_report"),
+            "stood_down": status.get("stood_down"),
+            "holding": {slot: held for slot, held in slots.items() if held},
+            "warm_starts": counters.get("warm_start", 0)}
 
 
 def disk_part(settings: Settings) -> dict[str, Any]:
@@ -190,7 +235,20 @@ def age(seconds_ago: float) -> str:
 def render(data: dict[str, Any], out: Console) -> None:
     """The status screen: one line per part, indented details, the verdict last (80 columns)."""
     server, daemon, disk = data["server"], data["daemon"], data["disk"]
-    if server["reachable"]:
+    if server["reachable"] and server.get("router"):
+        flags = server.get("flags") or {}
+        loaded = [m for m in server["models"] if m["status"] == "loaded"]
+        out.print(f"server  {server['url']}  {server['build']}  router: {len(server['models'])} models, "
+                  f"{len(loaded)} loaded")
+        for model in server["models"]:
+            detail = (f"{Path(model.get('model') or '?').name}  slots {model['slots']} x {model['n_ctx']} ctx"
+                      f"{'  busy ' + ','.join(map(str, model['busy'])) if model['busy'] else ''}"
+                      if "slots" in model else model.get("error", ""))
+            out.print(f"        model {escape(model['id'])}  {model['status']}  {escape(detail)}".rstrip())
+        if flags:
+            out.print(f"        slot-save-path {flags.get('slot_save_path') or 'MISSING'}  "
+                      f"checkpoint-min-step {flags.get('checkpoint_min_step') or 'default'}")
+    elif server["reachable"]:
         flags = server.get("flags") or {}
         out.print(f"server  {server['url']}  {server['build']}  {Path(server['model'] or '?').name}  "
                   f"slots {server['slots']} x {server['n_ctx']} ctx")
@@ -215,6 +273,13 @@ def render(data: dict[str, Any], out: Console) -> None:
         if report:
             out.print(f"        last request: {report['cache_n']:,} tokens from cache, {report['prompt_n']:,} "
                       f"processed ({report['verdict']})")
+        for model, part in (daemon.get("models") or {}).items():
+            c = part["counters"]
+            held = ", ".join(f"slot {slot} {h.get('kind')} {h.get('tokens', 0):,} tok"
+                             for slot, h in sorted(part["holding"].items()))
+            out.print(f"        model {escape(model)}: hit {c.get('hit', 0)}  restored {c.get('restored', 0)}  "
+                      f"warmed {c.get('warmed', 0)}  skipped {c.get('skipped', 0)}  "
+                      f"warm starts {part['warm_starts']}" + (f"; holds {held}" if held else ""), soft_wrap=True)
     else:
         out.print(f"daemon  [red]down[/red]: {daemon['error']}")
     plugin = data["plugin"]

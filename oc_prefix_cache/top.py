@@ -6,6 +6,10 @@ believes each slot holds and is doing now (a restore or warm in flight, with its
 time), the last requests from the event log (events.py: tokens reused and processed and what
 served them), and the disk against its caps. ``render`` turns it into rich tables; ``run``
 redraws it every ``interval`` seconds. ``--json`` prints one snapshot for scripts.
+
+Behind a llama-server router (router.py) the server part lists every model: a loaded one with
+its child's slots (and what each front door's Preparer of that model believes they hold), the
+others by their status. Looking never loads a model (``autoload=false``).
 """
 
 from __future__ import annotations
@@ -41,19 +45,41 @@ def _server(url: str) -> dict[str, Any]:
     part: dict[str, Any] = {"url": url, "up": False}
     with SlotClient(url, timeouts=QUICK) as client:
         try:
-            props, slots = client.props(), client.slots()
+            props = client.props()
+            if props.get("role") == "router":
+                return _router(url, part)
+            slots = client.slots()
         except OcpcError as exc:
             part["error"] = str(exc)
             return part
-    part.update(up=True, model=Path(str(props.get("model_path") or "?")).name, slots=[
-        {"id": s.get("id"), "busy": bool(s.get("is_processing")), "n_ctx": s.get("n_ctx"),
-         "tokens": s.get("n_prompt_tokens"), "reused": s.get("n_prompt_tokens_cache"),
-         "processed": s.get("n_prompt_tokens_processed")} for s in slots if isinstance(s, dict)])
+    part.update(up=True, model=Path(str(props.get("model_path") or "?")).name, slots=_slots(slots))
     return part
 
 
+def _router(url: str, part: dict[str, Any]) -> dict[str, Any]:
+    """A router: each model, a loaded one with its slots (router.models_view)."""
+    from .router import models_view
+
+    models = models_view(url, timeouts=QUICK)
+    if models is None:
+        part["error"] = f"the router at {url} did not list its models (GET /models)"
+        return part
+    part.update(up=True, router=True, models=[
+        {"id": m["id"], "status": m["status"]} | ({"error": m["error"]} if "error" in m else {})
+        | ({"model": Path(str(m.get("model_path") or "?")).name, "slots": _slots(m["slots"])} if "slots" in m else {})
+        for m in models])
+    return part
+
+
+def _slots(slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": s.get("id"), "busy": bool(s.get("is_processing")), "n_ctx": s.get("n_ctx"),
+             "tokens": s.get("n_prompt_tokens"), "reused": s.get("n_prompt_tokens_cache"),
+             "processed": s.get("n_prompt_tokens_processed")} for s in slots if isinstance(s, dict)]
+
+
 def _doors(settings: Settings) -> dict[str, Any]:
-    """What the daemon (plugin) and the proxy each believe of the slots, and do now."""
+    """What the daemon (plugin) and the proxy each believe of the slots, and do now; behind a
+    router, also per model (``models``: its Preparer's view)."""
     doors = {}
     for name, url in (("daemon", f"{settings.daemon_url}/v1/status"), ("proxy", f"{settings.proxy_url}/ocpc/status")):
         try:
@@ -61,9 +87,16 @@ def _doors(settings: Settings) -> dict[str, Any]:
         except (httpx.HTTPError, ValueError):
             continue
         prepare = (data.get("daemon") if name == "daemon" else data.get("prepare")) or {}
-        doors[name] = {"holding": (prepare.get("tracker") or {}).get("slots") or {}, "doing": prepare.get("doing") or {},
-                       "counters": prepare.get("counters") or {}, "stood_down": prepare.get("stood_down")}
+        doors[name] = _door(prepare)
+        models = data.get("models") if isinstance(data.get("models"), dict) else {}
+        doors[name]["models"] = {model: _door((status.get("prepare") if name == "proxy" else status) or {})
+                                 for model, status in models.items() if model and isinstance(status, dict)}
     return doors
+
+
+def _door(prepare: dict[str, Any]) -> dict[str, Any]:
+    return {"holding": (prepare.get("tracker") or {}).get("slots") or {}, "doing": prepare.get("doing") or {},
+            "counters": prepare.get("counters") or {}, "stood_down": prepare.get("stood_down")}
 
 
 def _requests(folder: Path, now: float) -> list[dict[str, Any]]:
@@ -89,14 +122,38 @@ def _slots_table(snap: dict[str, Any]) -> RenderableType:
     server = snap["server"]
     if not server["up"]:
         return Text(f"llama-server {server['url']}: down ({server.get('error', '?')})", style="red")
-    table = Table(title=f"{server['url']}  {server['model']}", title_justify="left", expand=False)
+    if server.get("router"):
+        return _router_tables(snap)
+    return _table(f"{server['url']}  {server['model']}", server["slots"], snap["doors"], snap["at"])
+
+
+def _router_tables(snap: dict[str, Any]) -> RenderableType:
+    """One slots table per loaded model, then a line with the others and their status."""
+    server = snap["server"]
+    parts: list[RenderableType] = []
+    for model in server["models"]:
+        if "slots" in model:
+            doors = {name: door["models"][model["id"]] for name, door in snap["doors"].items()
+                     if model["id"] in door.get("models", {})}
+            parts.append(_table(f"{server['url']} router: {model['id']}  {model['model']}  (loaded)",
+                                model["slots"], doors, snap["at"], no_door="-" if snap["doors"] else None))
+    others = [f"{m['id']} ({m['status']})" for m in server["models"] if "slots" not in m]
+    loaded = sum(1 for m in server["models"] if "slots" in m)
+    line = f"router {server['url']}: {len(server['models'])} models, {loaded} loaded"
+    parts.append(Text(escape(line + (f"; not loaded: {', '.join(others)}" if others else ""))))
+    return Group(*parts)
+
+
+def _table(title: str, slots: list[dict[str, Any]], doors: dict[str, Any], now: float, *,
+           no_door: str | None = None) -> Table:
+    table = Table(title=escape(title), title_justify="left", expand=False)
     for name in ("slot", "state", "holds (ocpc)", "tokens", "doing"):
         table.add_column(name)
-    for slot in server["slots"]:
+    for slot in slots:
         sid = str(slot["id"])
-        holds, doing = _holding(snap["doors"], sid), _doing(snap["doors"], sid, snap["at"])
+        holds = _holding(doors, sid) if doors or no_door is None else no_door
         table.add_row(sid, "busy" if slot["busy"] else "idle", holds,
-                      f"{slot['tokens'] or 0:,}/{slot['n_ctx'] or 0:,}", doing)
+                      f"{slot['tokens'] or 0:,}/{slot['n_ctx'] or 0:,}", _doing(doors, sid, now))
     return table
 
 
@@ -122,15 +179,18 @@ def _doing(doors: dict[str, Any], slot: str, now: float) -> str:
 
 
 def _requests_table(snap: dict[str, Any]) -> RenderableType:
+    routed = bool(snap["server"].get("router"))
     table = Table(title="last requests", title_justify="left")
-    for name in ("time", "harness", "door", "slot", "served by", "reused", "processed"):
+    names = ("time", "harness", "door", *(("model",) if routed else ()), "slot", "served by", "reused", "processed")
+    for name in names:
         table.add_column(name, justify="right" if name in ("reused", "processed", "slot") else "left")
     for e in snap["requests"]:
         served = e["source"] or e["action"]
-        table.add_row(time.strftime("%H:%M:%S", time.localtime(e["at"])), escape(e["harness"]), e["door"],
+        model = (escape(e["server"].partition("#model=")[2] or "-"),) if routed else ()
+        table.add_row(time.strftime("%H:%M:%S", time.localtime(e["at"])), escape(e["harness"]), e["door"], *model,
                       str(e["slot"]), escape(served), f"{e['cache_n']:,}", f"{e['prompt_n']:,}")
     if not snap["requests"]:
-        table.add_row("-", "no request yet", "", "", "", "", "")
+        table.add_row("-", "no request yet", *[""] * (len(names) - 2))
     return table
 
 

@@ -156,16 +156,21 @@ class SlotTracker:
 
     # -- observations ----------------------------------------------------------------------
     def observe(self, server: str, slot: int, now: Observation, *, process_gone: bool = False,
-                process_alive: bool = False) -> Seen:
+                process_alive: bool = False, witness: tuple[int, int] | None = None) -> Seen:
         """Record ``now``; notice a restart; keep the holding only if ``now`` vouches for it.
 
         ``process_gone``: the server process ocpc knew (``witness``) has ended: a restart,
         whatever /slots shows. ``process_alive``: that process is still the one running, so a
         smaller ``id_task`` is not a restart: the server ran a deferred older task (a slot
         action) after a newer one. Without a witness, a smaller id is taken for a restart.
+        ``witness``: the process those two were judged on; when another look has meanwhile
+        noticed its end (and dropped it), this look's ``process_gone`` is that same restart, not
+        another one (which would drop what was recorded since, such as a warm start's restore).
         """
         with self._guard:
             state = self._server(server)
+            if process_gone and witness is not None and state.process != witness:
+                process_gone = False
             slot_state = state.slots.setdefault(slot, SlotState())
             seen = slot_state.last_task
             dropped = seen is not None and (now.id_task is None or now.id_task < seen)

@@ -63,6 +63,7 @@ node bench/failopen_bench.mjs --calls 20
 .venv/bin/python bench/families_bench.py --smoke
 .venv/bin/python bench/fatkv_bench.py --smoke
 .venv/bin/python bench/warmstart_bench.py --smoke
+.venv/bin/python bench/router_load_bench.py --smoke
 .venv/bin/python bench/agents_bench.py --smoke
 
 echo "tests: $((py_passed + node_passed)) passed, 0 failed"

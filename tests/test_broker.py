@@ -96,3 +96,23 @@ def test_a_single_slot_server_takes_the_configured_slot() -> None:
     b.give_back(taken)
     b.give_back(taken)  # idempotent
     assert b.table.snapshot()["0"]["busy"] == 0
+
+
+def test_a_slot_count_that_could_not_be_read_is_asked_again_soon() -> None:
+    """A router's model still loading does not answer /props in time: the fallback of one slot
+    held for the whole ttl (30 s) pinned every request to slot 0. It is asked again a second later."""
+    from oc_prefix_cache.broker import UNKNOWN_SLOTS_RETRY_S
+    from oc_prefix_cache.errors import ServerUnreachable
+
+    answers: list[dict[str, int] | None] = [None, {"total_slots": 2}]
+
+    def props(deadline: Deadline) -> dict[str, int]:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if answer is None:
+            raise ServerUnreachable("llama-server is still loading the model")
+        return answer
+
+    b = SlotBroker(server=SERVER, tracker=SlotTracker(), props=props)
+    assert b.n_slots() == 1 and b.slots_known() is None
+    time.sleep(UNKNOWN_SLOTS_RETRY_S + 0.1)
+    assert b.n_slots() == 2 and b.slots_known() == 2

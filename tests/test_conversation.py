@@ -148,6 +148,21 @@ def test_a_smaller_task_id_on_the_same_server_process_is_not_a_restart() -> None
     assert seen.restarted  # no witness: a smaller id is a restart
 
 
+def test_two_looks_that_see_one_process_end_make_one_restart() -> None:
+    """A router's model loaded again: the warm start's look and the watch's both judged the old
+    child gone. The second was taken for another restart and dropped what was recorded after the
+    first (the warm start's restore): the next session restored it again instead of a hit."""
+    tracker = SlotTracker()
+    url = "http://127.0.0.1:1#model=m"
+    fresh = Observation(id_task=None, n_tokens=None, n_processed=None, n_cached=None)
+    tracker.set_argv(url, ["llama-server"], epoch=0, process=(100, 1))
+    assert tracker.observe(url, 0, fresh, process_gone=True, witness=(100, 1)).restarted  # the first look
+    tracker.set_argv(url, ["llama-server"], epoch=1, process=(200, 2))  # the new child, witnessed
+    tracker.leave(url, 0, Holding(kind="head", key="h", head="h", n_tokens=10, exact=True, left=fresh), epoch=1)
+    seen = tracker.observe(url, 0, fresh, process_gone=True, witness=(100, 1))  # the other look, judged on 100
+    assert not seen.restarted and seen.holding is not None and tracker.epoch(url) == 1
+
+
 def test_a_turn_whose_tools_or_template_options_changed_does_not_continue_the_slot() -> None:
     """The full path's test of "the slot holds this conversation" compared message digests only:
     a turn with a tool added (an MCP server connected) or thinking switched on rendered a

@@ -18,6 +18,7 @@ from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.proxy_server import ProxyServer, build_proxy
 from oc_prefix_cache.router import RouterProxy, is_router
+from oc_prefix_cache.server_info import child_process
 from oc_prefix_cache.settings import Settings
 
 from . import workload
@@ -35,8 +36,9 @@ def model_status(url: str) -> dict[str, str]:
 
 
 def start_router(rig: Any, models: dict[str, Path], tmp_path: Path,
-                 names: tuple[str, ...]) -> tuple[Settings, Supervised, str]:
-    """A llama-server router over ``names`` (`--models-max 1`), writing into an ocpc home of the test."""
+                 names: tuple[str, ...], *, parallel: int = 1) -> tuple[Settings, Supervised, str]:
+    """A llama-server router over ``names`` (`--models-max 1`, ``parallel`` slots per model), writing
+    into an ocpc home of the test."""
     folder = tmp_path / "models"
     folder.mkdir()
     for name in names:
@@ -47,7 +49,7 @@ def start_router(rig: Any, models: dict[str, Path], tmp_path: Path,
     url = f"http://127.0.0.1:{port}"
     router = Supervised(name="llama-server router", argv=[
         str(rig.server), "--models-dir", str(folder), "--models-max", "1", "--host", "127.0.0.1", "--port", str(port),
-        "-c", "16384", "-np", "1", "--slot-save-path", str(settings.slot_dir), *FLAGS],
+        "-c", str(16384 * parallel), "-np", str(parallel), "--slot-save-path", str(settings.slot_dir), *FLAGS],
         health_url=f"{url}/health", log_path=tmp_path / "router.log")
     router.start(timeout=120)
     return settings, router, url
@@ -179,3 +181,117 @@ def test_the_plugins_daemon_keeps_a_preparer_per_router_model(rig: Any, models: 
     finally:
         daemon.stop()
         router.stop()
+
+
+def send(proxy_url: str, conv: workload.Conversation) -> tuple[dict[str, Any], Any]:
+    """One turn of ``conv`` through the proxy with its session headers: the server's timings and
+    the proxy's record of it (its prepare's answer, once the report is in)."""
+    sent = {**conv.next_body(), "max_tokens": 4, "stream": False}
+    sent.pop("stream_options", None)
+
+    def recent() -> list[dict[str, Any]]:
+        models = httpx.get(f"{proxy_url}/ocpc/status", timeout=10).json()["models"]
+        return list(models.get(sent["model"], {}).get("recent") or [])
+
+    seen = len(recent())
+    answer = httpx.post(f"{proxy_url}/v1/chat/completions", json=sent, headers=conv.headers(), timeout=300)
+    assert answer.status_code == 200, answer.text[:300]
+    timings = answer.json()["timings"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = recent()
+        if len(now) > seen:
+            return timings, now[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"no report of {conv.session}'s turn")
+
+
+def wait_for(check: Any, what: str, timeout: float = 60) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_session(
+        rig: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    """Router mode's warm start (router.LoadWatch): qwen35 on two slots is used (its heads saved),
+    qwen3 evicts it, then one request loads it again. The slot that request takes is left to its
+    own prepare; qwen35's other slot gets its head back from disk while nothing asks, so the next
+    new session finds it there (its prepare answers ``hit``, the server reuses it). Then another
+    client loads qwen35 (``POST /models/load``, no request at all): both slots are warmed. ocpc's
+    own looks never load a model."""
+    settings, router, url = start_router(rig, models, tmp_path, ("qwen35", "qwen3"), parallel=2)
+    proxy = None
+    rows: list[dict[str, Any]] = []
+
+    def turn(who: str, conv: workload.Conversation) -> dict[str, Any]:
+        timings, record = send(proxy.url, conv)  # type: ignore[union-attr]
+        row = {"who": who, "action": record["action"], "slot": record.get("slot"), "prefix": record["prefix_tokens"],
+               "cache_n": timings["cache_n"], "prompt_n": timings["prompt_n"], "status": model_status(url)}
+        rows.append(row)
+        return row
+
+    def session(name: str, model: str = "qwen35") -> workload.Conversation:
+        conv = workload.parent(name) if model == "qwen35" else workload.other_project(name)
+        conv.body["model"] = model
+        conv.body["messages"][-1]["content"] += f" ({name})"  # each session its own first message
+        return conv
+
+    def evict() -> None:
+        turn("evictor", session(f"ses_qwen3_{len(rows)}", "qwen3"))
+        assert model_status(url)["qwen35"] == "unloaded", rows
+
+    try:
+        front = build_proxy(settings, server_url=url)
+        assert isinstance(front, RouterProxy)
+        proxy = ProxyServer(front, port=0, watch=True)
+        proxy.start()
+        for name in ("ses_1", "ses_2"):  # two sessions, one per slot: each slot's head saved, current
+            turn(name, session(name))
+        assert {r["slot"] for r in rows} == {0, 1}, rows
+        qwen35 = front.proxy_for("qwen35").preparer
+        evict()
+        time.sleep(3)  # the watch looks at qwen35 every second meanwhile: with autoload=false
+        assert model_status(url) == {"qwen35": "unloaded", "qwen3": "loaded"}, "ocpc's watch loaded a model"
+
+        before = qwen35.stats.counters.get("warm_start", 0)
+        loader = turn("ses_3 (loads qwen35)", session("ses_3"))
+        wait_for(lambda: qwen35.stats.counters.get("warm_start", 0) > before, "the warm start after the load")
+        time.sleep(0.5)  # the warm start's other lines (the slot it left to ses_3)
+        assert qwen35.stats.counters.get("warm_start", 0) == before + 1, qwen35.stats.counters  # one slot: not ses_3's
+        assert loader["action"] in ("restored", "warmed") and loader["cache_n"] >= 0.9 * loader["prefix"], rows
+        known, argv = qwen35.tracker.argv(qwen35.server)
+        assert known and argv and "--models-dir" in argv  # the router's flags, for the fingerprint
+        entry = next(m for m in httpx.get(f"{url}/models", timeout=10).json()["data"] if m["id"] == "qwen35")
+        child = child_process(entry)
+        assert child is not None and qwen35.tracker.process(qwen35.server) == child  # the load's own witness
+        nxt = turn("ses_4 (next session)", session("ses_4"))
+        assert nxt["slot"] != loader["slot"], rows
+        assert nxt["action"] == "hit" and nxt["cache_n"] >= 0.9 * nxt["prefix"], rows  # restored before it asked
+
+        evict()
+        before = qwen35.stats.counters.get("warm_start", 0)
+        httpx.post(f"{url}/models/load", json={"model": "qwen35"}, timeout=60).raise_for_status()  # another client
+        wait_for(lambda: qwen35.stats.counters.get("warm_start", 0) >= before + 2, "both slots warmed")
+        first = turn("ses_5 (after another client's load)", session("ses_5"))
+        assert first["action"] == "hit" and first["cache_n"] >= 0.9 * first["prefix"], rows
+        assert not qwen35.stats.counters.get("warm_start_late"), qwen35.stats.counters
+    finally:
+        print("\n" + "\n".join(json.dumps(r) for r in rows))
+        if proxy is not None:
+            proxy.stop()
+        router.stop()
+
+
+def test_a_router_models_key_names_the_routers_port() -> None:
+    """A router model's Preparer is keyed ``<router>#model=<id>``; its port is the router's, so the
+    router's command line (the fingerprint's KV flags, the launch's runtime file) is found."""
+    from oc_prefix_cache.server_info import port_of, same_server
+
+    assert port_of("http://127.0.0.1:9000#model=qwen35") == 9000
+    assert port_of("http://localhost#model=m") == 80
+    assert same_server("http://127.0.0.1:9000#model=qwen35", "http://localhost:9000")
