@@ -279,7 +279,10 @@ def install(
         help="Provider id to add: OpenCode (when none points at the server) 'llamacpp', pi 'ocpc'.")] = None,
     model: Annotated[str | None, typer.Option(help=(
         "Model name: OpenCode and pi 'local'; Claude Code: sets ANTHROPIC_MODEL (default: not set)."))] = None,
-    keep_title: Annotated[bool, typer.Option(help="OpenCode: keep its title request (it takes the slot).")] = False,
+    keep_title: Annotated[bool, typer.Option(help=(
+        "OpenCode: keep its title request (also after an install that turned it off). Off by default: it "
+        "delayed each new session's first answer by ~12-18% (docs/performance.md)."))
+    ] = False,
     opencode_version: Annotated[str | None, typer.Option(
         help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
     output_limit: Annotated[int | None, typer.Option(
@@ -317,6 +320,10 @@ def install(
                                     output_limit=output_limit)
         for line in said or [f"nothing to change: {path} already has ocpc"]:
             print(line)
+        if harness == "opencode" and keep_title:
+            from .install.opencode import TITLE_KEPT
+
+            print(TITLE_KEPT)
 
 
 @app.command()

@@ -29,6 +29,7 @@ from ..files import write_atomic
 from ..settings import Settings
 
 EditKind = Literal["member", "append", "replace"]
+EMPTY_CONFIG = "{\n}\n"  # what install edits when the config is missing or blank
 
 
 class InstallError(OcpcError):
@@ -135,7 +136,7 @@ def edit_config(settings: Settings, *, config_path: Path, harness: str,
     edits = plan(config)
     if not edits:
         return []
-    new_text, changes = apply_edits(text if text.strip() else "{\n}\n", edits)
+    new_text, changes = apply_edits(text if text.strip() else EMPTY_CONFIG, edits)
     jsonc.loads(new_text)  # never write what we could not read back
     backup = _backup(settings, config_path, original) if existed else None
     write_keeping_mode(target, new_text.encode())
@@ -195,10 +196,53 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
     if not record.insertions:
         return []
     text, kept = _without_changes(current, record, config_path)
+    if not record.existed and text == EMPTY_CONFIG and not kept:  # only ever ocpc's, over several installs
+        target.unlink()
+        return [f"removed {target} (ocpc had created it)"]
     if text.encode() == current:
         return [f"ocpc's entries are no longer in {target}; left it as it is"] + kept
     write_keeping_mode(target, text.encode())
     return [f"removed ocpc's entries from {target}; your later edits are kept"] + kept
+
+
+def withdraw(settings: Settings, *, config_path: Path, harness: str,
+             picks: Callable[[dict[str, Any]], bool]) -> tuple[bool, list[str]]:
+    """Take out the recorded changes of an earlier install that ``picks`` chooses (the user
+    chose otherwise since: ``ocpc install --keep-title`` after an install that turned titles
+    off); the record keeps the others, so uninstall still puts the config back byte for byte.
+
+    A change the user edited since stays (it is theirs now: off the record too), and is said;
+    nothing else in the file moves. Returns whether the file changed, and what to say.
+    """
+    config_path = absolute(config_path)
+    raw = load_records(settings).get(str(config_path))
+    if raw is None:
+        return False, []
+    record = parse_record(settings, raw)
+    chosen = [change for change in record.insertions if picks(change)]
+    if record.harness != harness or not chosen:
+        return False, []
+    target, _, current, text, _ = read_config(config_path)
+    by_hand = f"{config_path} changed where ocpc wrote; take it out by hand"
+    kept: list[str] = []
+    try:
+        for change in reversed(chosen):
+            text = _undo(text, change, kept, by_hand)
+        jsonc.loads(text)
+    except jsonc.JsoncError as exc:
+        raise InstallError(f"taking ocpc's entry out would leave invalid JSON ({exc}); {by_hand}") from exc
+    untouched = hashlib.sha256(current).hexdigest() == record.written_sha256
+    changed = text.encode() != current
+    if changed:
+        write_keeping_mode(target, text.encode())
+    # the backup stays the whole truth only while nobody else has written the file since
+    record.restorable = record.restorable and untouched
+    record.written_sha256 = hashlib.sha256(text.encode()).hexdigest()
+    record.insertions = [change for change in record.insertions if not picks(change)]
+    records = load_records(settings)
+    records[str(config_path)] = asdict(record)
+    write_records(settings, records)
+    return changed, kept + ([f"wrote {target}"] if changed else [])
 
 
 def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -> tuple[str, list[str]]:
