@@ -283,7 +283,10 @@ def install(
     model: Annotated[str | None, typer.Option(help=(
         "Model name: 'local' by default (Aider: openai/<name>); Claude Code: sets ANTHROPIC_MODEL (default: not set); "
         "Codex: replaces your model only when given."))] = None,
-    keep_title: Annotated[bool, typer.Option(help="OpenCode: keep its title request (it takes the slot).")] = False,
+    keep_title: Annotated[bool, typer.Option(help=(
+        "OpenCode: keep its title request (also after an install that turned it off). Off by default: it "
+        "delayed each new session's first answer by ~12-18% (docs/performance.md)."))
+    ] = False,
     opencode_version: Annotated[str | None, typer.Option(
         help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
     output_limit: Annotated[int | None, typer.Option(
@@ -325,6 +328,10 @@ def install(
             print(line)
         if dry_run and said.diff:
             print(said.diff, end="")
+        if harness == "opencode" and keep_title:
+            from .install.opencode import TITLE_KEPT
+
+            print(TITLE_KEPT)
 
 
 @app.command()

@@ -69,7 +69,7 @@ def cache_flags(*, settings: Settings, host: str, port: int, parallel: int, chec
         Flag(("--slot-save-path",), str(settings.slot_dir) + os.sep,
              "slot files go to ocpc's folder (OC_PREFIX_CACHE_SLOT_DIR), where the daemon checks them"),
         Flag(("-np", "--parallel"), str(parallel),
-             "one slot holds the head; `ocpc install` keeps OpenCode's title request off it"),
+             "one slot holds the head; `ocpc install` turns OpenCode's title request off (--keep-title keeps it)"),
         Flag(("--ctx-checkpoints", "-ctxcp", "--swa-checkpoints"), str(ctx_checkpoints),
              "hybrid/SWA models roll back only to a checkpoint: keep enough of them"),
         Flag(("--checkpoint-min-step", "-cms"), str(checkpoint_min_step),

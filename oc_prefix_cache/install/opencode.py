@@ -1,9 +1,12 @@
 """``ocpc install`` for OpenCode: wire the plugin into its config.
 
 Three things at most go into the config: the plugin's ``file://`` URL in ``plugin``, a
-provider for the llama-server when none points at it, and ``agent.title.disable`` (OpenCode's
-title request would otherwise take the slot just before every first request). The npm files
-that the SDK pre-install created are recorded with the config (see ``npm``).
+provider for the llama-server when none points at it, and ``agent.title.disable``: OpenCode's
+TUI asks the model for a title at each new session's first message, and that request costs the
+session more than a few percent of its first turn (``TITLE_COST``, measured in the real TUI by
+``bench/title_bench.py``), so install turns it off and says why; ``--keep-title`` keeps it, also
+after an install that turned it off. The npm files that the SDK pre-install created are
+recorded with the config (see ``npm``).
 """
 
 from __future__ import annotations
@@ -14,10 +17,19 @@ from typing import Any
 from ..settings import Settings
 from .npm import preinstall_plugin_sdk, record_npm
 from .plugin import install_plugin_files
-from .records import Edit, InstallError, Said, absolute, edit_config, normalise_base_url
+from .records import Edit, InstallError, Said, absolute, edit_config, normalise_base_url, withdraw
 
 CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
-TITLE_OFF = "disabled the title request (it would take the slot before each first request)"
+#: What the title request costs a new session, measured with ocpc in OpenCode 1.18.33's TUI on
+#: Gemma 3 270M (bench/title_bench.py; docs/performance.md has the tables): what install says
+#: when it turns titles off, and when it keeps them.
+TITLE_COST = ("each new session's title request (~600 prompt tokens and a short reply) held the server 2.1-3.0 s: "
+              "with one slot the first request waited up to 1.9 s for it (~12% of the first answer); with two it "
+              "ran beside it and the first answer took 18% longer (measured: docs/performance.md)")
+TITLE_OFF = (f"disabled OpenCode's title request (agent.title.disable): {TITLE_COST}; "
+             "`ocpc install --keep-title` keeps titles")
+TITLE_KEPT = f"kept OpenCode's title request (--keep-title): {TITLE_COST}"
+TITLE_BACK = "took out agent.title.disable, which an earlier `ocpc install` had set (--keep-title)"
 
 
 def default_config_path(*, project: bool, cwd: Path, xdg_config_home: Path) -> Path:
@@ -60,6 +72,13 @@ def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provid
     return edits
 
 
+def is_title_switch(change: dict[str, Any]) -> bool:
+    """A recorded change that is install's title switch, in either shape ``plan_edits`` makes."""
+    path, key, value = list(change.get("path") or []), change.get("key"), change.get("value")
+    return ((path == [] and key == "agent" and value == {"title": {"disable": True}})
+            or (path == ["agent"] and key == "title" and value == {"disable": True}))
+
+
 def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
     providers = config.get("provider")
     if not isinstance(providers, dict):
@@ -85,6 +104,9 @@ def install(settings: Settings, *, config_path: Path, base_url: str, provider_id
         return plan_edits(config, plugin_url=plugin_path.as_uri(), base_url=base_url, provider_id=provider_id,
                           model=model, keep_title=keep_title, output_limit=output_limit)
 
+    if keep_title and not dry_run:  # the user's choice now, over an earlier install's
+        taken, lines = withdraw(settings, config_path=config_path, harness="opencode", picks=is_title_switch)
+        said += ([TITLE_BACK] if taken else []) + lines
     edited = edit_config(settings, config_path=config_path, harness="opencode", plan=plan, dry_run=dry_run)
     result = Said(said + edited, config=edited.config, diff=edited.diff, dry_run=dry_run)
     if dry_run:

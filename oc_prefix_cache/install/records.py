@@ -196,6 +196,46 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
     return [f"removed ocpc's entries from {target}; your later edits are kept"] + kept
 
 
+def withdraw(settings: Settings, *, config_path: Path, harness: str,
+             picks: Callable[[dict[str, Any]], bool]) -> tuple[bool, list[str]]:
+    """Take out the recorded changes of an earlier install that ``picks`` chooses (the user
+    chose otherwise since: ``ocpc install --keep-title`` after an install that turned titles
+    off); the record keeps the others, so uninstall still puts the config back byte for byte.
+
+    A change the user edited since stays (it is theirs now: off the record too), and is said;
+    nothing else in the file moves. Returns whether the file changed, and what to say.
+    """
+    config_path = absolute(config_path)
+    raw = load_records(settings).get(str(config_path))
+    if raw is None:
+        return False, []
+    record = parse_record(settings, raw)
+    chosen = [change for change in record.insertions if picks(change)]
+    if record.harness != harness or not chosen:
+        return False, []
+    fmt = format_of(record)
+    target, _, current, text, _ = read_config(config_path, fmt)
+    by_hand = f"{config_path} changed where ocpc wrote; take it out by hand"
+    kept: list[str] = []
+    try:
+        text = fmt.undo(text, chosen, kept)
+        fmt.parse(text)
+    except FormatError as exc:
+        raise InstallError(f"taking ocpc's entry out would leave {config_path} unreadable ({exc}); {by_hand}") from exc
+    untouched = hashlib.sha256(current).hexdigest() == record.written_sha256
+    changed = text.encode() != current
+    if changed:
+        write_keeping_mode(target, text.encode())
+    # the backup stays the whole truth only while nobody else has written the file since
+    record.restorable = record.restorable and untouched
+    record.written_sha256 = hashlib.sha256(text.encode()).hexdigest()
+    record.insertions = [change for change in record.insertions if not picks(change)]
+    records = load_records(settings)
+    records[str(config_path)] = asdict(record)
+    write_records(settings, records)
+    return changed, kept + ([f"wrote {target}"] if changed else [])
+
+
 def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -> tuple[str, list[str]]:
     """The config minus exactly ocpc's changes, checked to still read in its format, and one
     line for each of ocpc's entries the user changed since (those stay)."""
