@@ -50,6 +50,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -266,14 +267,37 @@ def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
     return status, tail, ttft
 
 
-def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fault: Any = None) -> None:
-    """Every agent in its own thread until the window ends; turns ending later are not counted."""
-    end = time.monotonic() + window
+def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fault: Any = None,
+          warmup: bool = False, on_start: Callable[[], None] | None = None) -> None:
+    """Every agent in its own thread until the window ends; turns ending later are not counted.
+
+    ``warmup``: each agent's first request (its session's start) is answered before the window
+    opens, all at once, and not counted: the window measures the turns of sessions under way.
+    On a slow machine (this one prefills Gemma at ~120 tokens/s on some days, ~550 on others) a
+    window would otherwise hold mostly first requests, which no cache can shorten by much.
+    ``on_start``: called when the window opens (the counters' baseline)."""
     guard = threading.Lock()
+    if warmup:
+        def first(agent: Agent) -> None:
+            try:
+                with httpx.Client(timeout=httpx.Timeout(1800, connect=10)) as http:
+                    one_turn(http, doors, agent)
+            except Exception as exc:  # noqa: BLE001 (a bench records every failure)
+                with guard:
+                    point.failed.append(f"{agent.name} (first request): {type(exc).__name__}: {exc}"[:300])
+
+        starts = [threading.Thread(target=first, args=(a,), daemon=True) for a in agents]
+        for thread in starts:
+            thread.start()
+        for thread in starts:
+            thread.join(3600)
+    if on_start is not None:
+        on_start()
+    end = time.monotonic() + window
 
     def loop(agent: Agent) -> None:
         rng = random.Random(agent.seed)
-        time.sleep(rng.uniform(0, 2))  # agents do not start in lockstep
+        time.sleep(rng.uniform(3, 10) if warmup else rng.uniform(0, 2))  # agents do not start in lockstep
         with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as http:
             while time.monotonic() < end:
                 try:
@@ -423,26 +447,33 @@ class Launched:
 
 
 def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
-              window: float, fault: str = "", doors: str = "both", lines: int = TOOL_LINES) -> Point:
+              window: float, fault: str = "", doors: str = "both", lines: int = TOOL_LINES,
+              warmup: bool = False) -> Point:
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
     broke: Fault | None = None
+    baseline: dict[str, Any] = {"processed": 0.0, "counters": Counter()}
+
+    def opened(launched: Launched | None) -> None:  # the window opens: counters from here, the fault in its middle
+        baseline["processed"] = prompt_tokens_total(server.url)
+        if launched is not None:
+            baseline["counters"] = launched.counters + launched.snapshot()
+        if broke:
+            broke.thread.start()
+
     try:
         if arm == "ocpc":
             with Launched(server.url, home) as launched:  # its slot folder is the server's
                 broke = Fault(fault, server, launched, at=window / 2) if fault else None
-                if broke:
-                    broke.thread.start()
                 drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines), window=window, point=point,
-                      fault=broke)
-                point.ocpc = dict(launched.counters + launched.snapshot())
+                      fault=broke, warmup=warmup, on_start=lambda: opened(launched))
+                point.ocpc = dict(launched.counters + launched.snapshot() - baseline["counters"])
         else:
             broke = Fault(fault, server, None, at=window / 2) if fault else None
-            if broke:
-                broke.thread.start()
             drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines), window=window, point=point,
-                  fault=broke)
-        point.processed_total = prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
+                  fault=broke, warmup=warmup, on_start=lambda: opened(None))
+        point.processed_total = (prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
+                                 - baseline["processed"])
         if broke:
             after = [t for t in point.turns if t.started >= broke.down[1]]
             point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0], "turns_after": len(after),
@@ -534,6 +565,8 @@ def main() -> int:
                         help="lines of code per tool result, ~36 tokens each (12: a heavier tool use)")
     parser.add_argument("--arms", default="plain,ocpc",
                         help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="answer each agent's first request before the window opens (not counted)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -565,7 +598,8 @@ def main() -> int:
                     home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm != "ocpc" else "")
                     flags = (*base[arm], "--cache-ram", str(ram[arm]))
                     point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
-                                      fault=args.fault, doors=args.doors, lines=args.tool_lines)
+                                      fault=args.fault, doors=args.doors, lines=args.tool_lines,
+                                      warmup=args.warmup)
                     rows.append(point.row(window))
                     render([rows[-1]])
                     if point.fault:
@@ -583,6 +617,7 @@ def main() -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"window_s": window, "tool_lines": args.tool_lines, "ram_mib": ram,
+                                         "warmup": args.warmup,
                                          "rows": rows, "ratios": ratios(rows)},
                                         indent=2))
     if args.png:

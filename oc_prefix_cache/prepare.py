@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -47,7 +47,9 @@ from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, 
 from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_entry, project_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
-from .ramcache import RamLimit, RamModel, swaps_from_ram
+from .lifecycle import Lifecycle
+from .prepared import Record, Records
+from .ramtier import RamTier, Where
 from .server_info import LoraMemo, child_process, flag_value, gather_identity, process_start, server_command
 from .settings import Settings
 from .slot_client import SlotClient, Timings
@@ -55,21 +57,17 @@ from .slotfile import read_header, slot_filename
 from .standdown import StandDown, StoodDown
 from .store import Index, Store, UsageLog, slot_key
 from .tracker import Holding, Seen, SlotTracker
-from .warmstart import Pick, choose
 
 log = logging.getLogger("ocpc.prepare")
 
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
-MAX_RECORDS = 256  # prepares remembered for their reports
 GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
 BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)
 # A slot a prepare answered for this recently is still its request's: the request may not have
 # reached the server yet (the plugin sends it after the answer), so a warm start after a router's
 # load leaves it alone.
-CLAIM_GRACE_S = 5.0
-LOCK_TRY_S = 0.05  # a warm start after a load takes a slot only if nobody holds it (a request's hold)
 
 
 @dataclass
@@ -87,23 +85,6 @@ class PrepareResult:
         data = asdict(self)
         data["elapsed_ms"] = round(self.elapsed_ms, 3)
         return data
-
-
-@dataclass(frozen=True)
-class _Record:
-    """What a prepare did, kept until its report arrives."""
-
-    slot: int
-    epoch: int
-    action: str
-    fingerprint: str
-    expected: int  # tokens the real request should reuse
-    conversation: str
-    file: str  # the file restored or saved ("" for hits)
-    planned_split: bool
-    stored: int  # tokens of the longest prefix of the slot's contents already in a file
-    source: str = ""  # what the request reuses (PrepareResult.source)
-    harness: str = ""  # the request's User-Agent product, for the event log
 
 
 @dataclass(frozen=True)
@@ -174,25 +155,23 @@ class Preparer:
         self._schedule = schedule or _in_a_thread
         self._guard = threading.Lock()
         self._gc_queued_at: float | None = None
-        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self.records = Records()  # what each prepare did, until its report (prepared.py)
         self._in_flight: dict[int, dict[str, Any]] = {}  # slot -> what a prepare is doing there (_doing)
-        self._claims: Counter[int] = Counter()  # slot -> prepares running for it now
-        self._claim_ended: dict[int, tuple[float, int]] = {}  # slot -> when its last prepare answered, epoch
-        self._seq = 0
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
-        self.ram = RamModel()  # what the server's own RAM prompt cache holds (ramcache.py)
-        self._rendered: dict[int, tuple[int, ...]] = {}  # slot -> the tokens of the last request ocpc planned there
         self.lora = LoraMemo()  # the server's last LoRA answer, for a read that times out under load
-        self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
-                                 seconds_for=self.executor.costs.seconds_for,
-                                 observe=lambda slot, deadline: self._observe(slot, deadline=deadline),
-                                 park=self._park_with_identity, count=self._count,
-                                 ram_over=lambda live: self.ram.over(self._ram_capacity(), live=live,
-                                                                     epoch=self.tracker.epoch(self.server)))
         # which slot each request takes on -np N: one broker for every front door on this Preparer
         self.broker = SlotBroker(server=self.server, tracker=self.tracker,
                                  props=lambda deadline: client.props(deadline=deadline))
+        # the server's own RAM prompt cache, the first tier under more conversations than slots (ramtier.py)
+        self.ram = RamTier(server=self.server, client=client, tracker=self.tracker, argv=self._server_argv,
+                           bytes_per_token=lambda: self.executor.costs.bytes_per_token, busy=self.broker.table.busy,
+                           count=self._count)
+        self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
+                                 seconds_for=self.executor.costs.seconds_for,
+                                 observe=lambda slot, deadline: self._observe(slot, deadline=deadline),
+                                 park=self._park_with_identity, count=self._count, ram_over=self.ram.over)
+        self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (lifecycle.py)
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
@@ -212,7 +191,7 @@ class Preparer:
         self.idle.clear(slot)  # a request is about to run there: no park ahead of it now
         session = lower.get("x-session-id", "") if session is None else session
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
-        self._claim(slot, 1)
+        self.lifecycle.claim(slot, 1)
         try:
             result = self._prepare(raw, lower, slot, deadline, session, rule)
         except BadRequestBody as exc:
@@ -232,12 +211,12 @@ class Preparer:
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            self._claim(slot, -1)
-        self._publish_idle(slot)
+            self.lifecycle.claim(slot, -1)
+        self.ram.publish_idle(slot)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
-            result.prepare_id = self._unrecorded_id()
-        self._label(result.prepare_id, harness or harness_of(lower.get("user-agent", "")))
+            result.prepare_id = self.records.unrecorded_id()
+        self.records.label(result.prepare_id, harness or harness_of(lower.get("user-agent", "")))
         self._log(result)
         return result
 
@@ -251,7 +230,7 @@ class Preparer:
         slot holds and make the file prove itself again on its next restore. A miss never
         condemns a file: another client taking the slot in between also makes one.
         """
-        record = self._record_for(prepare_id, fingerprint)
+        record = self.records.find(prepare_id, fingerprint)
         verdict = "unknown"
         if record is not None and record.action == "side":  # proves nothing; the slot holds nothing to keep
             verdict = "side"
@@ -348,152 +327,20 @@ class Preparer:
         self._count(key)
 
     def park_live(self, *, deadline: Deadline) -> list[dict[str, Any]]:
-        """Park every conversation this server's slots hold (a graceful stop comes next).
-
-        Only what ocpc can vouch for (the slot still holds the conversation's last request)
-        and is worth it; each slot under its lock, all within ``deadline``. A crash skips
-        this and loses at most the tails not parked yet; parks on disk are never touched.
-        """
-        out: list[dict[str, Any]] = []
-        if self.stood_down():
-            log.info("park before stop: nothing to park, ocpc stood down on this server (%s)", self.stood_down())
-            return out
-        slots = self.tracker.slots(self.server)
-        for i, slot in enumerate(slots):
-            item: dict[str, Any] = {"slot": slot}
-            # each slot gets its share of what is left: a busy slot 0 must not spend the
-            # whole stop's budget waiting for its lock while slots 1..N go unparked
-            share = Deadline.after(deadline.remaining() / (len(slots) - i))
-            try:
-                with self.tracker.slot_lock(self.server, slot, deadline=share):
-                    seen = self._observe(slot, deadline=share)
-                    holding = seen.holding
-                    if seen.restarted or holding is None or holding.kind != "conv" or seen.trail is None:
-                        item["parked"] = False
-                        item["why"] = "no conversation ocpc can vouch for"
-                    elif holding.n_tokens - holding.stored < self.settings.park_min_tokens:
-                        item["parked"] = False
-                        item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
-                    else:
-                        server = self._identity(share)
-                        identity = server_key(server, ocpc_version=__version__)
-                        after = self._park_occupant(seen, slot, server=server, identity=identity, deadline=share)
-                        item["parked"] = True
-                        item["why"] = f"parked {after.holding.n_tokens if after.holding else 0} tokens"
-            except OcpcError as exc:
-                item["parked"] = False
-                item["why"] = str(exc)
-            log.info("park before stop, slot %d: %s", slot, item["why"])
-            out.append(item)
-        return out
-
-    def process_ended(self, why: str) -> None:
-        """The server's process ended, known from elsewhere (a router unloaded this model): what its
-        slots held, its file proofs and its witness go (``ocpc status`` and ``top`` stop showing them)."""
-        self.tracker.restarted(self.server, why)
-
-    def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
-        """Behind a router: its model was just loaded (a new child process) or woke from sleep (a
-        new context in the same process). The warm start of ``warm_start``, yielding to requests
-        (``yielding``), and with every call saying ``autoload=false``: if the router unloads the
-        model meanwhile, ocpc's restores fail instead of loading it again."""
-        with self.client.background():
-            if woke:
-                self.tracker.restarted(self.server, "the router's model woke from sleep: a new context")
-            try:
-                self._observe(self.settings.slot, deadline=deadline)  # a new child: noticed by its witness
-            except OcpcError as exc:
-                return [f"not warmed: {exc}"]
-            return self.warm_start(deadline=deadline, yielding=True)
+        """Park every conversation this server's slots hold: a graceful stop comes next (lifecycle.py)."""
+        return self.lifecycle.park_live(deadline=deadline)
 
     def warm_start(self, *, deadline: Deadline, yielding: bool = False) -> list[str]:
-        """Restore into each idle slot the head or project head it held last (warmstart.py), so
-        the first request after a (re)start finds it in place (its prepare answers ``hit``).
-        Each slot under its lock; one line per slot for the caller to print. Never raises.
+        """Restore into each idle slot the head or project head it held last (lifecycle.py)."""
+        return self.lifecycle.warm_start(deadline=deadline, yielding=yielding)
 
-        ``yielding`` (after a router's load, when a request may be what loaded the model): a slot
-        a request has (a prepare running or just answered for it, its lock held, the server busy
-        in it, or a task already run there) is passed over at once; the request's own prepare does
-        what it needs. Without it (``ocpc launch``, before any request), a request that comes
-        meanwhile waits for its slot's restore, within its own deadline, and finds it warm."""
-        try:
-            if self.stood_down():
-                return [f"not warmed: ocpc stands down on this server ({self.stood_down()})"]
-            self._server_argv()  # finds the server's process: the witness a restore without a task needs
-            if not self._witnessed():
-                return ["not warmed: ocpc cannot watch the server's process (a restore then needs a probe, "
-                        "and a probe needs a request's tokens)"]
-            server = self._identity(deadline)
-            if server.cache.restores_serve:
-                return [f"not warmed: {server.cache.restores_serve}"]
-            self.flush_usage()  # what this process noted of each slot (a load can come seconds after a use)
-            n_slots = self.broker.n_slots(fresh=True)
-            if self.broker.slots_known() is None:
-                return ["not warmed: the server did not say how many slots it has (/props)"]
-            picks, said = choose(self.store.load(), server=self.server, n_slots=n_slots,
-                                 model=server.model_path, build=server.build, now=time.time())
-        except OcpcError as exc:
-            return [f"not warmed: {exc}"]
-        for pick in picks:
-            said.append(f"slot {pick.slot}: {self._warm_one(pick, deadline, yielding=yielding)}")
-        return said
+    def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
+        """Behind a router: warm the slots of a model just loaded or woken (lifecycle.py)."""
+        return self.lifecycle.warm_loaded(woke=woke, deadline=deadline)
 
-    def _warm_one(self, pick: Pick, deadline: Deadline, *, yielding: bool) -> str:
-        started = time.perf_counter()
-        path = self.settings.slot_dir / pick.entry.file
-        if yielding and self._claimed(pick.slot):
-            return "not warmed: a request has this slot (its own prepare decides)"
-        try:
-            with self.tracker.slot_lock(self.server, pick.slot, deadline=Deadline.after(LOCK_TRY_S) if yielding
-                                        else deadline):
-                seen = self._observe(pick.slot, deadline=deadline)
-                if seen.holding is not None or seen.now.busy or seen.now.id_task is not None:
-                    return "not warmed: a request came first"
-                if yielding and self._claimed(pick.slot):  # a prepare began while this one looked
-                    return "not warmed: a request has this slot (its own prepare decides)"
-                tokens = tuple(read_header(path).tokens)
-                head = pick.entry.head or pick.key
-                plan = HeadPlan(fingerprint=head, tokens=tokens, request_tokens=tokens, prompt="",
-                                tools_in_head=True, harness=pick.entry.harness, split=False)
-                with self._doing(pick.slot, f"warm start {pick.entry.kind}", len(tokens)):
-                    done = self.executor.restore(Prefix(pick.entry.kind, pick.key, tokens), plan, pick.slot,
-                                                 prove=False, before=seen.now, epoch=seen.epoch, deadline=deadline,
-                                                 witnessed=True, by_request=True)
-                now = self.executor.observe(pick.slot, deadline=deadline)
-                if now.id_task is not None:  # a request reached the slot first: the server ran the restore
-                    self._count("warm_start_late")  # after it, and the head replaced what it left
-                    log.warning("warm start of slot %d of %s: a request reached the slot before the restore, "
-                                "which the server ran after it", pick.slot, self.server)
-                self.tracker.leave(self.server, pick.slot, Holding(
-                    kind=pick.entry.kind, key=pick.key, head=head, n_tokens=len(done.tokens), exact=True, left=now,
-                    stored=len(done.tokens)), epoch=seen.epoch)
-                self.usage.note(pick.key, slot=slot_key(self.server, pick.slot))
-                self._count("warm_start")
-        except LockTimeout:
-            return ("not warmed: a request has this slot (its own prepare decides)" if yielding
-                    else "not warmed: its slot stayed busy")
-        except (OcpcError, SlotFileError) as exc:
-            self._count("warm_start_failed")
-            return f"not warmed: {exc}"
-        return (f"{pick.why}: restored {len(done.tokens):,} tokens in {(time.perf_counter() - started) * 1000:.0f} ms "
-                "(the first request's report proves it)")
-
-    def _claim(self, slot: int, change: int) -> None:
-        epoch = self.tracker.epoch(self.server)
-        with self._guard:
-            self._claims[slot] += change
-            if change < 0:
-                self._claim_ended[slot] = (time.monotonic(), epoch)
-                if self._claims[slot] <= 0:
-                    del self._claims[slot]
-
-    def _claimed(self, slot: int) -> bool:
-        """A prepare runs for ``slot``, or answered for it on this server process so recently that
-        its request may still be on its way to the server."""
-        epoch = self.tracker.epoch(self.server)
-        with self._guard:
-            ended, ended_epoch = self._claim_ended.get(slot, (float("-inf"), -1))
-            return self._claims[slot] > 0 or (ended_epoch == epoch and time.monotonic() - ended < CLAIM_GRACE_S)
+    def process_ended(self, why: str) -> None:
+        """The server's process ended, known from elsewhere (a router unloaded this model)."""
+        self.lifecycle.process_ended(why)
 
     def stood_down(self) -> str | None:
         """Why ocpc stands down on this server process (restores cannot serve), or None.
@@ -543,9 +390,8 @@ class Preparer:
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
             seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
             action, in_ram = self._decide(facts, seen, slot)
-            self._follow_ram(action, slot, seen, plan, facts.conversation)
-            with self._guard:
-                self._rendered[slot] = plan.request_tokens  # the slot runs this request next
+            self.ram.follow(action, slot, seen, plan.request_tokens, facts.conversation)
+            self.ram.runs(slot, plan.request_tokens)
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)
@@ -616,70 +462,13 @@ class Preparer:
             head_file=self._file_state("head", facts.plan.fingerprint),
             park=self._file_state("conv", facts.park.key) if facts.park else FileState.MISSING,
             project=facts.project, project_file=facts.project_file, base=facts.base, base_file=facts.base_file)
-        in_ram, here = self._in_ram(facts, seen, slot)
-        whole, stashable = self._occupant_in_ram(seen)
+        where = self.ram.where(facts.conversation, seen, slot, facts.plan.request_tokens) if facts.continuing \
+            else Where(0, False)
+        whole, stashable = self.ram.keeps_occupant(seen)
         facts_now = replace(_slot_facts(seen, facts.conversation, cache=facts.server.cache,
                                         park_min=self.settings.park_min_tokens),
                             occupant_in_ram=whole, occupant_stashable=stashable)
-        return decide(facts_now, replace(request, in_ram=in_ram > 0, ram_here=here)), in_ram
-
-    def _in_ram(self, facts: _Facts, seen: Seen, slot: int) -> tuple[int, bool]:
-        """The tokens of this conversation the RAM model says the server holds (0: none), and
-        whether the server would load them into ``slot`` as it stands: it does when the slot's
-        occupant is one it stashes rather than truncates (``ramcache.swaps_from_ram``)."""
-        if not facts.continuing:
-            return 0, False
-        held = self.ram.holds(facts.conversation, epoch=seen.epoch)
-        if not held:
-            return 0, False
-        with self._guard:
-            occupant = self._rendered.get(slot)
-        holding = seen.holding
-        occupant_tokens = holding.n_tokens if holding is not None else (seen.now.n_tokens or 0)
-        here = swaps_from_ram(occupant=occupant, occupant_tokens=occupant_tokens, request=facts.plan.request_tokens)
-        if not here:
-            self._count("ram_clear_first")  # the server would keep the shared prefix instead
-        return held, here
-
-    def _occupant_in_ram(self, seen: Seen) -> tuple[bool, bool]:
-        """Whether the slot's conversation is whole in the server's RAM cache with room to stay
-        there, and whether it would fit if the server stashed it now (a request run over it):
-        either way displacing it needs no park to disk (its next turn comes back from RAM)."""
-        holding = seen.holding
-        if holding is None or holding.kind != "conv" or not holding.conversation or seen.restarted:
-            return False, False
-        capacity = self._ram_capacity()
-        whole = (self.ram.holds(holding.conversation, epoch=seen.epoch) >= holding.n_tokens
-                 and self.ram.room(capacity, tokens=0, epoch=seen.epoch))
-        return whole, self.ram.room(capacity, tokens=holding.n_tokens, epoch=seen.epoch)
-
-    def _clear_for_ram(self, slot: int, plan: HeadPlan, *, deadline: Deadline) -> None:
-        """One token the request does not start with, evaluated in ``slot``: the server stashes
-        the occupant in its RAM cache for it (it keeps none of it), and the request pinned there
-        next is swapped in from RAM (``ramcache.swaps_from_ram``: not into an empty slot, not over
-        a prefix it shares)."""
-        first = plan.request_tokens[0] if plan.request_tokens else None
-        token = next(t for text in ("0", "1") for t in self.client.tokenize(text, add_special=False, deadline=deadline)[:1]
-                     if t != first)
-        self.client.evaluate([token], slot=slot, deadline=deadline)
-
-    def _publish_idle(self, slot: int) -> None:
-        """The request about to start in ``slot`` makes the server copy every idle slot's prompt
-        into its RAM cache (``--cache-idle-slots``, on by default with ``--cache-ram``): from now
-        on the RAM model holds those conversations, whatever later replaces them in their slots."""
-        capacity = self._ram_capacity()
-        if not capacity or not self._idle_slots_cached():
-            return
-        epoch, busy = self.tracker.epoch(self.server), self.broker.table.busy()
-        for other in self.tracker.slots(self.server):
-            holding = self.tracker.holding(self.server, other)
-            if other == slot or other in busy or holding is None or holding.kind != "conv":
-                continue
-            self.ram.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=capacity)
-
-    def _idle_slots_cached(self) -> bool:
-        argv = self._server_argv() or []
-        return "--no-cache-idle-slots" not in argv
+        return decide(facts_now, replace(request, in_ram=where.held > 0, ram_here=where.here)), where.held
 
     def _act(self, action: Action, facts: _Facts, slot: int, seen: Seen, *, deadline: Deadline,
              ram_tokens: int) -> tuple[_Loaded, Holding, str]:
@@ -754,7 +543,7 @@ class Preparer:
         head = Prefix("head", plan.fingerprint, plan.tokens)
         if action.kind == "hit" and action.target == "ram":  # the server loads it: expect its whole history
             if action.clear_first:
-                self._clear_for_ram(slot, plan, deadline=deadline)
+                self.ram.clear(slot, plan.request_tokens, deadline=deadline)
             tokens = ram_tokens
             stored = park.n_tokens if park else 0
             return _Loaded(Done("hit", action.reason, False), Prefix("conv", park.key if park else "", ()),
@@ -847,7 +636,7 @@ class Preparer:
                        n_tokens=len(done.tokens) or loaded.expected, exact=done.exact, left=now,
                        conversation=conversation, stored=loaded.expected)
 
-    def _bind(self, record: _Record, *, prompt: int, generated: int | None) -> None:
+    def _bind(self, record: Record, *, prompt: int, generated: int | None) -> None:
         """After a served request: if the slot now holds what that request left (its prompt
         and reply), it holds the conversation, and its next turn may be a hit."""
         try:
@@ -871,34 +660,6 @@ class Preparer:
                                          since=time.monotonic()))
 
     # -- under load: other requests, other slots -------------------------------------------
-    def _ram_capacity(self) -> int | None:
-        """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known:
-        a server whose command line ocpc cannot read, or before its first save)."""
-        argv = self._server_argv()
-        if argv is None:
-            return 0
-        limit = RamLimit.from_flag(flag_value(argv, ("--cache-ram", "-cram")))
-        return limit.tokens(self.executor.costs.bytes_per_token)
-
-    def _follow_ram(self, action: Action, slot: int, seen: Seen, plan: HeadPlan, conversation: str) -> None:
-        """What the server's RAM cache does with this request (ramcache.py): a request that runs
-        over another conversation without a slot action of ocpc's makes the server stash that
-        one (when the slot keeps under half of it: ``get_available_slot``; always for the one
-        token of ``clear_first``); a RAM hit takes this conversation out of RAM and into the slot."""
-        epoch, holding = seen.epoch, seen.holding
-        if action.target == "ram":
-            self.ram.loaded(conversation, epoch=epoch)
-            self._count("ram_swap")
-        if action.kind != "hit" or action.target == "slot" or holding is None or holding.kind != "conv":
-            return
-        if not holding.conversation or holding.conversation == conversation:
-            return
-        with self._guard:
-            occupant = self._rendered.get(slot)
-        if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens,
-                                                request=plan.request_tokens):
-            self.ram.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self._ram_capacity())
-
     def _until_idle(self, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
         """The slot as it is once no request runs in it, waiting at most ``BUSY_WAIT_S``. Why: a
         slot action on a busy slot is deferred by the server until that request's generation
@@ -938,9 +699,9 @@ class Preparer:
         so the conversation's next turn restores its park there instead of leaving the slot alone
         as one whose contents ocpc cannot vouch for."""
         reason = why + self._park_for_side(slot, deadline)
-        prepare_id = self._keep(_Record(slot=slot, epoch=self.tracker.epoch(self.server), action="side",
-                                        fingerprint="", expected=0, conversation="", file="", planned_split=False,
-                                        stored=0))
+        prepare_id = self.records.keep(Record(slot=slot, epoch=self.tracker.epoch(self.server), action="side",
+                                              fingerprint="", expected=0, conversation="", file="",
+                                              planned_split=False, stored=0))
         return PrepareResult("skipped", reason=reason, prepare_id=prepare_id)
 
     def _park_for_side(self, slot: int, deadline: Deadline) -> str:
@@ -959,6 +720,8 @@ class Preparer:
                 facts = _slot_facts(seen, "", cache=server.cache, park_min=self.settings.park_min_tokens)
                 if not (facts.known and facts.occupant_parkable):
                     return ""
+                if self.ram.keeps_occupant(seen)[0]:
+                    return "; the slot's conversation is whole in the server's RAM cache: not parked to disk"
                 parking = time.perf_counter()
                 after = self._park_occupant(seen, slot, server=server,
                                             identity=server_key(server, ocpc_version=__version__), deadline=deadline)
@@ -1113,47 +876,12 @@ class Preparer:
     def _answer(self, action: str, fp: str, expected: int, reason: str, *, slot: int, epoch: int,
                 conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,
                 source: str) -> PrepareResult:
-        prepare_id = self._keep(_Record(slot=slot, epoch=epoch, action=action, fingerprint=fp, expected=expected,
-                                        conversation=conversation, file=file, planned_split=split, stored=stored,
-                                        source=source))
+        prepare_id = self.records.keep(Record(slot=slot, epoch=epoch, action=action, fingerprint=fp,
+                                              expected=expected, conversation=conversation, file=file,
+                                              planned_split=split, stored=stored, source=source))
         self._count(f"source:{source}")
         return PrepareResult(action, fp, expected, reason=reason, tools_in_head=tools_in_head,
                              prepare_id=prepare_id, source=source)
-
-    def _keep(self, record: _Record) -> str:
-        """Keep what a prepare did until its report (the newest ``MAX_RECORDS``); its id."""
-        with self._guard:
-            self._seq += 1
-            prepare_id = f"{self._seq:x}-{xxhash.xxh32_hexdigest(f'{time.time_ns()}{record.slot}'.encode())}"
-            self._records[prepare_id] = record
-            while len(self._records) > MAX_RECORDS:
-                self._records.popitem(last=False)
-        return prepare_id
-
-    def _label(self, prepare_id: str, harness: str) -> None:
-        with self._guard:
-            record = self._records.get(prepare_id)
-            if record is not None:
-                self._records[prepare_id] = replace(record, harness=harness)
-
-    def _unrecorded_id(self) -> str:
-        """The id of a prepare that recorded nothing (skipped, failed). Why: the plugin reports
-        every answer that has a fingerprint; without an id, its report was matched to the
-        latest prepare of that head, another conversation's, and bound the slot to it."""
-        with self._guard:
-            self._seq += 1
-            return f"{self._seq:x}-none"
-
-    def _record_for(self, prepare_id: str, fingerprint: str) -> _Record | None:
-        """By id (this plugin; an id of no record finds none), else the latest prepare of that
-        fingerprint (plugins older than the id, which send none)."""
-        with self._guard:
-            if prepare_id:
-                return self._records.get(prepare_id)
-            for record in reversed(self._records.values()):
-                if record.fingerprint == fingerprint:
-                    return record
-            return None
 
     def _count(self, key: str) -> None:
         with self._guard:

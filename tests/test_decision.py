@@ -192,7 +192,8 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
         # parked first when it is worth it, unless the server's RAM cache holds it whole
         assert facts.empty or facts.known
         if facts.known and facts.holds_conversation and facts.occupant_parkable:
-            assert action.park_first or facts.occupant_in_ram
+            # (a swap from RAM, its one token first included, is a request the server stashes the occupant for)
+            assert action.park_first or facts.occupant_in_ram or (facts.occupant_stashable and action.target == "ram")
     if action.clear_first:  # only to let the server load this conversation from its RAM cache
         assert action.kind == "hit" and action.target == "ram" and req.in_ram and not req.ram_here
     if action.target == "ram":

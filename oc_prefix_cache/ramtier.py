@@ -1,0 +1,141 @@
+"""The server's own RAM prompt cache as ocpc's first parking tier, for one server process.
+
+Why: with more conversations than slots, llama-server already keeps conversations in RAM
+(``--cache-ram``, 8 GiB by default, with ``--cache-idle-slots``): every request that starts
+copies each idle slot's prompt there, and a request run over a slot the server would keep under
+half of stashes the occupant and loads the cached prompt most like its own, a memory copy inside
+its own scheduling. A disk park and its restore are slot actions the server runs between its
+batches (seconds under load) plus the write; a swap from RAM costs the request nothing. So ocpc
+uses the server's RAM first and parks to disk only what it cannot count on staying there.
+
+``RamTier`` is the Preparer's view of it: what the RAM cache holds (``ramcache.RamModel``), what
+ocpc last rendered in each slot (to tell where the server would swap), and the few things a
+prepare asks: is this conversation in RAM and would the server load it into this slot; may the
+slot's occupant be displaced without a disk park; make a slot swap where it would not (one
+unrelated token first). The model only decides who goes first, never what is trusted: a RAM hit
+is proven by its request's report like any restore (a miss takes the conversation out).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .deadline import Deadline
+from .decision import Action
+from .ramcache import RamLimit, RamModel, swaps_from_ram
+from .server_info import flag_value
+from .slot_client import SlotClient
+from .tracker import Seen, SlotTracker
+
+
+@dataclass(frozen=True)
+class Where:
+    """A returning conversation and the RAM cache: tokens held (0: none), and whether the server
+    would load them into the slot as it stands."""
+
+    held: int
+    here: bool
+
+
+class RamTier:
+    """Thread-safe. ``argv``: the server's command line (None: not known); ``bytes_per_token``:
+    learned from this server's slot saves (None before the first); ``busy``: the slots a request
+    of ours runs in now (they are not idle when another request starts)."""
+
+    def __init__(self, *, server: str, client: SlotClient, tracker: SlotTracker,
+                 argv: Callable[[], list[str] | None], bytes_per_token: Callable[[], float | None],
+                 busy: Callable[[], set[int]], count: Callable[[str], None]) -> None:
+        self.server, self.client, self.tracker = server, client, tracker
+        self.model = RamModel()
+        self._argv, self._bytes_per_token, self._busy, self._count = argv, bytes_per_token, busy, count
+        self._guard = threading.Lock()
+        self._rendered: dict[int, tuple[int, ...]] = {}  # slot -> the tokens of the last request planned there
+
+    def capacity(self) -> int | None:
+        """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known: a
+        server whose command line ocpc cannot read, or before its first save)."""
+        argv = self._argv()
+        if argv is None:
+            return 0
+        return RamLimit.from_flag(flag_value(argv, ("--cache-ram", "-cram"))).tokens(self._bytes_per_token())
+
+    def runs(self, slot: int, tokens: tuple[int, ...]) -> None:
+        """The request rendered as ``tokens`` runs in ``slot`` next."""
+        with self._guard:
+            self._rendered[slot] = tokens
+
+    def where(self, conversation: str, seen: Seen, slot: int, request: tuple[int, ...]) -> Where:
+        """Whether the RAM model holds this returning conversation, and whether the server would
+        load it into ``slot`` as the slot stands: only where the occupant is one it stashes rather
+        than truncates (``ramcache.swaps_from_ram``)."""
+        held = self.model.holds(conversation, epoch=seen.epoch)
+        if not held:
+            return Where(0, False)
+        with self._guard:
+            occupant = self._rendered.get(slot)
+        holding = seen.holding
+        occupant_tokens = holding.n_tokens if holding is not None else (seen.now.n_tokens or 0)
+        here = swaps_from_ram(occupant=occupant, occupant_tokens=occupant_tokens, request=request)
+        if not here:
+            self._count("ram_clear_first")  # the server would keep the shared prefix instead
+        return Where(held, here)
+
+    def keeps_occupant(self, seen: Seen) -> tuple[bool, bool]:
+        """Whether the slot's conversation is whole in RAM with room to stay there, and whether it
+        would fit if the server stashed it now (a request run over it): either way displacing it
+        needs no park to disk (its next turn comes back from RAM)."""
+        holding = seen.holding
+        if holding is None or holding.kind != "conv" or not holding.conversation or seen.restarted:
+            return False, False
+        capacity = self.capacity()
+        whole = (self.model.holds(holding.conversation, epoch=seen.epoch) >= holding.n_tokens
+                 and self.model.room(capacity, tokens=0, epoch=seen.epoch))
+        return whole, self.model.room(capacity, tokens=holding.n_tokens, epoch=seen.epoch)
+
+    def clear(self, slot: int, request: tuple[int, ...], *, deadline: Deadline) -> None:
+        """One token the request does not start with, evaluated in ``slot``: the server stashes
+        the occupant in RAM for it (it keeps none of it), and the request pinned there next is
+        swapped in from RAM (measured: a pinned request takes nothing from RAM into an empty slot
+        or over a prefix it shares)."""
+        first = request[0] if request else None
+        token = next(t for text in ("0", "1") for t in self.client.tokenize(text, add_special=False, deadline=deadline)[:1]
+                     if t != first)
+        self.client.evaluate([token], slot=slot, deadline=deadline)
+
+    def follow(self, action: Action, slot: int, seen: Seen, request: tuple[int, ...], conversation: str) -> None:
+        """What the server's RAM cache does with this request: one run over another conversation
+        without a slot action of ocpc's makes the server stash that one (when the slot keeps
+        under half of it; always for the one token of ``clear_first``); a RAM hit takes this
+        conversation out of RAM and into the slot."""
+        epoch, holding = seen.epoch, seen.holding
+        if action.target == "ram":
+            self.model.loaded(conversation, epoch=epoch)
+            self._count("ram_swap")
+        if action.kind != "hit" or action.target == "slot" or holding is None or holding.kind != "conv":
+            return
+        if not holding.conversation or holding.conversation == conversation:
+            return
+        with self._guard:
+            occupant = self._rendered.get(slot)
+        if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens, request=request):
+            self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity())
+
+    def publish_idle(self, slot: int) -> None:
+        """The request about to start in ``slot`` makes the server copy every idle slot's prompt
+        into its RAM cache (``--cache-idle-slots``, on by default with ``--cache-ram``): from now
+        on the model holds those conversations, whatever later replaces them in their slots."""
+        capacity = self.capacity()
+        if not capacity or "--no-cache-idle-slots" in (self._argv() or []):
+            return
+        epoch, busy = self.tracker.epoch(self.server), self._busy()
+        for other in self.tracker.slots(self.server):
+            holding = self.tracker.holding(self.server, other)
+            if other == slot or other in busy or holding is None or holding.kind != "conv":
+                continue
+            self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=capacity)
+
+    def over(self, live: int) -> bool:
+        """Whether the RAM cache cannot keep every displaced conversation plus ``live`` tokens."""
+        return self.model.over(self.capacity(), live=live, epoch=self.tracker.epoch(self.server))
