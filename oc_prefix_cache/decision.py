@@ -39,7 +39,10 @@ The rules, in order:
    ocpc knows is in the slot, and whose unsaved tail is worth it, that conversation is
    parked first (``park_first``), unless the server's RAM cache already holds it whole (it
    copies idle slots there whenever a request starts) with room to keep it: its next turn
-   comes back from RAM. If the park fails, nothing is displaced.
+   comes back from RAM. Where the RAM cache has room for it, a restore's occupant is not parked
+   to disk but stashed there by the server: one unrelated token evaluated first (``clear_first``;
+   not before a warm, whose evaluation could load another conversation's cached prompt over it).
+   If the park fails, nothing is displaced.
 """
 
 from __future__ import annotations
@@ -100,10 +103,22 @@ class Action:
     target: str = "head"
     # after loading, save the project head on top (from the head: its shorter level first, when missing)
     save_project: bool = False
-    clear_first: bool = False  # one unrelated token evaluated first (target "ram": then the server swaps it in)
+    # one unrelated token evaluated in the slot first: the server stashes the occupant in its RAM cache
+    # for it (a restore, a slot action, would wipe it unstashed), and target "ram" is then swapped in
+    clear_first: bool = False
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
+    action = _decide(slot, request)
+    if action.kind == "restore" and action.park_first and slot.occupant_stashable and not slot.restarted:
+        # a restore is a slot action, which wipes the slot unstashed: one unrelated token first makes
+        # the server stash the occupant in its RAM cache (it has room), instead of a park to disk
+        return replace(action, park_first=False, clear_first=True,
+                       reason=f"{action.reason}; the slot's conversation goes to the server's RAM cache first")
+    return action
+
+
+def _decide(slot: SlotFacts, request: RequestFacts) -> Action:
     if slot.restarted:  # whatever was known belonged to the old server process
         slot = replace(slot, known=False, holds_head=None, exact=False, holds_conversation="",
                        exact_key=None, occupant_parkable=False)

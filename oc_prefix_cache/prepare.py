@@ -565,6 +565,8 @@ class Preparer:
             done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                            why=action.reason)
             return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
+        if action.clear_first:  # the occupant to the server's RAM cache before the restore wipes the slot
+            self.ram.clear(slot, plan.request_tokens, deadline=deadline)
         prefix = {"proj": Prefix("proj", project or "", plan.project), "base": Prefix("proj", base or "", plan.base),
                   "park": Prefix("conv", park.key if park else "", ())}.get(action.target, head)
         try:

@@ -107,16 +107,16 @@ class RamTier:
     def follow(self, action: Action, slot: int, seen: Seen, request: tuple[int, ...], conversation: str) -> None:
         """What the server's RAM cache does with this request: one run over another conversation
         without a slot action of ocpc's makes the server stash that one (when the slot keeps
-        under half of it; always for the one token of ``clear_first``); a RAM hit takes this
-        conversation out of RAM and into the slot."""
+        under half of it; always for the one token of ``clear_first``, before a restore too); a
+        RAM hit takes this conversation out of RAM and into the slot."""
         epoch, holding = seen.epoch, seen.holding
         if action.target == "ram":
             self.model.loaded(conversation, epoch=epoch)
             self._count("ram_swap")
-        if action.kind != "hit" or action.target == "slot" or holding is None or holding.kind != "conv":
+        if holding is None or holding.kind != "conv" or not holding.conversation or holding.conversation == conversation:
             return
-        if not holding.conversation or holding.conversation == conversation:
-            return
+        if not action.clear_first and (action.kind != "hit" or action.target == "slot"):
+            return  # a slot action (restore, warm) wipes the slot without the server stashing it
         with self._guard:
             occupant = self._rendered.get(slot)
         if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens, request=request):

@@ -193,9 +193,11 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
         assert facts.empty or facts.known
         if facts.known and facts.holds_conversation and facts.occupant_parkable:
             # (a swap from RAM, its one token first included, is a request the server stashes the occupant for)
-            assert action.park_first or facts.occupant_in_ram or (facts.occupant_stashable and action.target == "ram")
-    if action.clear_first:  # only to let the server load this conversation from its RAM cache
-        assert action.kind == "hit" and action.target == "ram" and req.in_ram and not req.ram_here
+            assert action.park_first or facts.occupant_in_ram or (
+                facts.occupant_stashable and (action.target == "ram" or action.clear_first))
+    if action.clear_first:  # to swap this conversation in from RAM, or to stash the occupant before a restore
+        assert (action.kind == "hit" and action.target == "ram" and req.in_ram and not req.ram_here) or (
+            action.kind == "restore" and facts.occupant_stashable and not action.park_first)
     if action.target == "ram":
         assert req.in_ram and req.continuing
     if action.park_first:

@@ -89,3 +89,21 @@ def test_a_slot_the_server_would_not_swap_into_gets_one_unrelated_token_first() 
     assert (action.kind, action.target, action.clear_first, action.park_first) == ("hit", "ram", True, False)
     empty = replace(slot, empty=True, holds_conversation="", occupant_parkable=False, holds_head=None)
     assert decide(empty, back).clear_first
+
+
+def test_before_a_restore_the_occupant_goes_to_the_servers_ram_when_it_has_room() -> None:
+    """A restore is a slot action: it wipes the slot without the server stashing it. Where the RAM
+    cache has room for the occupant, one unrelated token first makes the server stash it (no park
+    to disk); without room, it is parked to disk first as before; a warm always parks (its own
+    evaluation could load another conversation's cached prompt over the slot)."""
+    slot = SlotFacts(restarted=False, known=True, empty=False, holds_head="H", exact=False,
+                     holds_conversation="other", partial_cache=True, occupant_parkable=True)
+    back = RequestFacts(skip=None, conversation="ses_a", continues_slot=False, continuing=True, head="H",
+                        head_file=FileState.PROVEN, park=FileState.PROVEN)
+    action = decide(replace(slot, occupant_stashable=True), back)
+    assert (action.kind, action.target, action.clear_first, action.park_first) == ("restore", "park", True, False)
+    action = decide(slot, back)
+    assert (action.kind, action.clear_first, action.park_first) == ("restore", False, True)
+    warm = replace(back, continuing=False, head_file=FileState.MISSING, park=FileState.MISSING)
+    action = decide(replace(slot, occupant_stashable=True), warm)
+    assert (action.kind, action.clear_first, action.park_first) == ("warm", False, True)
