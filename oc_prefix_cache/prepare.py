@@ -475,6 +475,8 @@ class Preparer:
         """Carry the decision out under the slot's lock: park the occupant first if it says so,
         load (or find) the prefix, save a project head; record what the slot holds now."""
         parked = ""
+        if action.clear_first and seen.holding is not None and seen.holding.conversation:
+            self.ahead.displaced()  # conversations outnumber slots: idle ones are parked to disk ahead too
         if action.park_first:
             self.ahead.displaced()
             parking = time.perf_counter()

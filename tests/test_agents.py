@@ -30,14 +30,15 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
     proxy. Every request answers 200; every prepare whose report came back was served by what it
     prepared (no false hit, no park restored into another conversation: a park of the wrong
     conversation reuses nothing past the head, a slot the other front door was running a request
-    on holds another prompt); conversations displaced are parked and come back from their parks;
-    nothing fails open; every slot and every lease is given back."""
+    on holds another prompt); conversations displaced come back from the server's RAM cache or
+    their parks; nothing fails open; every slot and every lease is given back. Each agent's first
+    request is answered before the minute starts (this machine prefills Gemma at ~120 tokens/s)."""
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
     point = bench.Point("ocpc", 3, 2)
     with bench.Launched(server.url, tmp_path / "ocpc") as launched:
         agents = bench.make_agents(3, plugin=True)
         assert [a.via for a in agents] == ["plugin", "proxy", "plugin"]
-        bench.drive(launched.doors, agents, window=60, point=point)
+        bench.drive(launched.doors, agents, window=60, point=point, warmup=True)
         counters = launched.snapshot()
         broker = launched.preparer.broker
         busy = broker.table.snapshot()
@@ -46,7 +47,8 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
     assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"} and len(point.turns) >= 6
     assert counters.get("report_missed", 0) == 0, counters  # no false hit, no wrong park
     assert counters.get("report_served", 0) >= len(point.turns) - 3, counters  # the plugin's reports too
-    assert counters.get("source:park", 0) >= 1 and counters.get("parked", 0) + counters.get("parked_ahead", 0) >= 1
+    # displaced conversations come back from the server's RAM cache or from their parks
+    assert counters.get("source:park", 0) + counters.get("source:ram", 0) >= 1, counters
     assert not any(v for k, v in counters.items() if k.startswith(("proxy:fail_open", "failed"))), counters
     assert all(s["busy"] == 0 for s in busy.values()) and leases == 0, (busy, leases)
     assert counters.get("lease_reclaimed", 0) == 0, counters  # every plugin report came back and freed its slot
@@ -63,8 +65,9 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
     points = [bench.Point("ocpc", 2, 2), bench.Point("ocpc", 1, 2)]
     with bench.Launched(server.url, tmp_path / "ocpc") as first, bench.Launched(server.url, tmp_path / "ocpc") as second:
         agents = bench.make_agents(3)
-        runs = [threading.Thread(target=bench.drive, args=(doors, group), kwargs={"window": 60, "point": point})
+        runs = [threading.Thread(target=bench.drive, args=(doors, group), kwargs={"window": 60, "point": point, "warmup": True})
                 for doors, group, point in ((first.doors, agents[:2], points[0]), (second.doors, agents[2:], points[1]))]
+
         for run in runs:
             run.start()
         for run in runs:
