@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -90,6 +91,24 @@ class ProxyProcess:
             self.seen = max(r["at"] for r in recent)
         assert total >= len(fresh)
         return fresh
+
+    def four_sessions(self, server: Any, dirs: dict[str, Path], run: Callable[[Path], Any],
+                      fields: Callable[[Any], dict[str, Any]] = lambda done: {}) -> list[dict[str, Any]]:
+        """The agents' end-to-end pattern: a first session in project A (it warms), a second one
+        there, one in project B, and one in A after a server restart. ``run(project)`` runs the
+        agent once; one row per request the proxy finished, with ``fields(run's result)``."""
+        rows: list[dict[str, Any]] = []
+        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
+                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+            if restart:
+                server.restart()
+            done = run(project)
+            requests = self.new_requests()
+            assert requests, f"no request reached the proxy for {name}: {done!r}"[:3000]
+            rows += [{"session": name, "request": i + 1, **fields(done), **{k: r[k] for k in (
+                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
+                for i, r in enumerate(requests)]
+        return rows
 
 
 def make_project(path: Path, files: dict[str, str]) -> Path:

@@ -67,19 +67,9 @@ def test_cline_sessions_are_served_from_the_head_and_the_project_head(llama_serv
     server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
     dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
-    rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
         home = cline_home(tmp_path / "cline-home", proxy.url, server.url)
-        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
-                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
-            if restart:
-                server.restart()
-            run_cline(cline_bin, home, project, "say ok")
-            requests = proxy.new_requests()
-            assert requests, f"no request reached the proxy for {name}"
-            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
-                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
-                for i, r in enumerate(requests)]
+        rows = proxy.four_sessions(server, dirs, lambda p: run_cline(cline_bin, home, p, "say ok"))
         counters = proxy.status()["counters"]
     print((home / PROVIDERS).read_text())  # as Cline left it
     assert "removed" in uninstall_harness("cline", env={"HOME": str(home)})

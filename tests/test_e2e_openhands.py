@@ -57,18 +57,9 @@ def test_openhands_sessions_are_served_from_the_head(llama_server: Any, openhand
     dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": calc}),
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n",
                                                    "AGENTS.md": "# Agents\nUse tabs.\n"})}
-    rows: list[dict[str, Any]] = []
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
-                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
-            if restart:
-                server.restart()
-            run_openhands(openhands_bin, tmp_path / "openhands-home", project, proxy.url, "say ok")
-            requests = proxy.new_requests()
-            assert requests, f"no request reached the proxy for {name}"
-            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
-                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
-                for i, r in enumerate(requests)]
+        rows = proxy.four_sessions(server, dirs, lambda p: run_openhands(openhands_bin, tmp_path / "openhands-home", p,
+                                                                         proxy.url, "say ok"))
         counters = proxy.status()["counters"]
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     firsts = {row["session"]: row for row in rows if row["request"] == 1}

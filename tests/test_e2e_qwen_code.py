@@ -54,26 +54,20 @@ def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(llama_
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
     home = tmp_path / "qwen-home"
     home.mkdir()
-    rows: list[dict[str, Any]] = []
     settings = home / ".qwen" / "settings.json"
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
         install_harness("qwen-code", proxy_url=proxy.url, server_url=server.url, env={"HOME": str(home)},
                         args=("--model", "local-model"))
         installed = settings.read_bytes()
-        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
-                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
-            if restart:
-                server.restart()
+        def run(project: Path) -> Any:
             done = run_qwen(qwen_bin, home, project, "say ok")
-            requests = proxy.new_requests()
-            assert requests, f"no request reached the proxy for {name}: {done.stdout[-1500:]}\n{done.stderr[-1500:]}"
             # the tiny model's reply is empty (END_AT_ONCE): Qwen Code retries it, then exits 1 saying so
             said = (done.stdout + done.stderr).strip().splitlines()
             assert done.returncode in (0, 1), f"qwen failed ({done.returncode}): {said[-20:]}"
-            print(f"{name}: exit {done.returncode}: {said[-1][:200] if said else ''}")
-            rows += [{"session": name, "request": i + 1, "exit": done.returncode, **{k: r[k] for k in (
-                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
-                for i, r in enumerate(requests)]
+            print(f"exit {done.returncode}: {said[-1][:200] if said else ''}")
+            return done
+
+        rows = proxy.four_sessions(server, dirs, run, fields=lambda done: {"exit": done.returncode})
         counters = proxy.status()["counters"]
     assert settings.read_bytes() == installed  # $version 4: Qwen Code had nothing to migrate
     assert "removed" in uninstall_harness("qwen-code", env={"HOME": str(home)})
