@@ -166,6 +166,7 @@ class Lifecycle:
                     kind=pick.entry.kind, key=pick.key, head=head, n_tokens=len(done.tokens), exact=True, left=now,
                     stored=len(done.tokens)), epoch=seen.epoch)
                 self.p.usage.note(pick.key, slot=slot_key(self.p.server, pick.slot))
+                self.p.ram.runs(pick.slot, tuple(done.tokens), epoch=seen.epoch)
                 self.p._count("warm_start")
         except LockTimeout:
             return ("not warmed: a request has this slot (its own prepare decides)" if yielding

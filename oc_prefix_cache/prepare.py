@@ -391,7 +391,7 @@ class Preparer:
             seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
             action, in_ram = self._decide(facts, seen, slot)
             self.ram.follow(action, slot, seen, plan.request_tokens, facts.conversation)
-            self.ram.runs(slot, plan.request_tokens)
+            self.ram.runs(slot, plan.request_tokens, epoch=seen.epoch)
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
                 return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
                                      tools_in_head=plan.tools_in_head)

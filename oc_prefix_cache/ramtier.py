@@ -51,7 +51,9 @@ class RamTier:
         self.model = RamModel()
         self._argv, self._bytes_per_token, self._busy, self._count = argv, bytes_per_token, busy, count
         self._guard = threading.Lock()
-        self._rendered: dict[int, tuple[int, ...]] = {}  # slot -> the tokens of the last request planned there
+        # slot -> (server process epoch, the tokens of the last request planned there, or of what a warm
+        # start restored): what ocpc knows the slot's contents start with
+        self._rendered: dict[int, tuple[int, tuple[int, ...]]] = {}
 
     def capacity(self) -> int | None:
         """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known: a
@@ -61,10 +63,15 @@ class RamTier:
             return 0
         return RamLimit.from_flag(flag_value(argv, ("--cache-ram", "-cram"))).tokens(self._bytes_per_token())
 
-    def runs(self, slot: int, tokens: tuple[int, ...]) -> None:
-        """The request rendered as ``tokens`` runs in ``slot`` next."""
+    def runs(self, slot: int, tokens: tuple[int, ...], *, epoch: int) -> None:
+        """The request rendered as ``tokens`` runs in ``slot`` next (or a warm start put them there)."""
         with self._guard:
-            self._rendered[slot] = tokens
+            self._rendered[slot] = (epoch, tokens)
+
+    def _occupant(self, slot: int, epoch: int) -> tuple[int, ...] | None:
+        with self._guard:
+            known = self._rendered.get(slot)
+        return known[1] if known is not None and known[0] == epoch else None
 
     def where(self, conversation: str, seen: Seen, slot: int, request: tuple[int, ...]) -> Where:
         """Whether the RAM model holds this returning conversation, and whether the server would
@@ -73,8 +80,7 @@ class RamTier:
         held = self.model.holds(conversation, epoch=seen.epoch)
         if not held:
             return Where(0, False)
-        with self._guard:
-            occupant = self._rendered.get(slot)
+        occupant = self._occupant(slot, seen.epoch)
         holding = seen.holding
         occupant_tokens = holding.n_tokens if holding is not None else (seen.now.n_tokens or 0)
         here = swaps_from_ram(occupant=occupant, occupant_tokens=occupant_tokens, request=request)
@@ -117,8 +123,7 @@ class RamTier:
             return
         if not action.clear_first and (action.kind != "hit" or action.target == "slot"):
             return  # a slot action (restore, warm) wipes the slot without the server stashing it
-        with self._guard:
-            occupant = self._rendered.get(slot)
+        occupant = self._occupant(slot, epoch)
         if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens, request=request):
             self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity())
 
