@@ -656,4 +656,5 @@ def park(
             print_json(data)
             return
         for item in data.get("slots", []):
-            print(f"slot {item.get('slot')}: {'parked' if item.get('parked') else 'not parked'}: {item.get('why')}")
+            where = f"slot {item.get('slot')}" if "slot" in item else f"{item.get('conversation')} (RAM cache)"
+            print(f"{where}: {'parked' if item.get('parked') else 'not parked'}: {item.get('why')}")

@@ -247,7 +247,9 @@ def park_before_stop(preparer: Preparer, *, skip: threading.Event, say: Callable
         say("parking skipped")
         return
     parked = [r for r in results if r.get("parked")]
-    say(f"parked {len(parked)} conversation(s)" + "".join(f"; slot {r['slot']}: {r['why']}" for r in results))
+    say(f"parked {len(parked)} conversation(s)" + "".join(
+        f"; slot {r['slot']}: {r['why']}" if "slot" in r else f"; {r['conversation']} (RAM): {r['why']}"
+        for r in results))
 
 
 def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None],

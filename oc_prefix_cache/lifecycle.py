@@ -46,7 +46,8 @@ class Lifecycle:
         self._claim_ended: dict[int, tuple[float, int]] = {}  # slot -> (when the last one answered, epoch)
 
     def park_live(self, *, deadline: Deadline) -> list[dict[str, Any]]:
-        """Park every conversation this server's slots hold (a graceful stop comes next).
+        """Park every conversation this server's slots hold (a graceful stop comes next), then
+        those that live only in its RAM cache (``_park_ram``).
 
         Only what ocpc can vouch for (the slot still holds the conversation's last request)
         and is worth it; each slot under its lock, all within ``deadline``. A crash skips
@@ -82,6 +83,38 @@ class Lifecycle:
                 item["parked"] = False
                 item["why"] = str(exc)
             log.info("park before stop, slot %d: %s", slot, item["why"])
+            out.append(item)
+        if slots:
+            in_slots = {h.conversation for h in (self.p.tracker.holding(self.p.server, s) for s in slots) if h}
+            out += self._park_ram(slots[0], skip=in_slots, deadline=deadline)
+        return out
+
+    def _park_ram(self, slot: int, *, skip: set[str], deadline: Deadline) -> list[dict[str, Any]]:
+        """Park, through ``slot`` (its own conversation parked already), the conversations that live
+        only in the server's RAM cache (not ``skip``: those the slots hold), newest first, while the
+        stop's budget lasts: the stop empties that cache. The server loads each back for its park's
+        evaluation."""
+        out: list[dict[str, Any]] = []
+        epoch = self.p.tracker.epoch(self.p.server)
+        for holding, trail in self.p.ram.parkable(epoch=epoch, min_tokens=self.p.settings.park_min_tokens):
+            if holding.conversation in skip:  # a slot holds it: parked with its slot above
+                continue
+            if deadline.remaining() < 1.0:
+                out.append({"conversation": holding.conversation, "parked": False, "why": "no time left"})
+                continue
+            item: dict[str, Any] = {"conversation": holding.conversation, "from": "the server's RAM cache"}
+            try:
+                with self.p.tracker.slot_lock(self.p.server, slot, deadline=deadline):
+                    server = self.p._identity(deadline)
+                    done = self.p.parker.park_from_ram(
+                        holding, trail, slot, epoch=epoch, server=server,
+                        identity=server_key(server, ocpc_version=__version__), deadline=deadline,
+                        first=lambda tokens: self.p.ram.clear(slot, tokens, deadline=deadline))
+                item["parked"], item["why"] = True, f"parked {len(done.tokens)} tokens through slot {slot}"
+                self.p._count("parked_from_ram")
+            except OcpcError as exc:
+                item["parked"], item["why"] = False, str(exc)
+            log.info("park before stop, %s from the RAM cache: %s", holding.conversation, item["why"])
             out.append(item)
         return out
 

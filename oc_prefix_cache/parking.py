@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 from .deadline import Deadline
@@ -24,6 +25,7 @@ from .parks import end_of_day, park_entry, park_key
 from .planner import HeadPlan, HeadPlanner, KnownPrefix
 from .slot_client import SlotClient
 from .store import Entry
+from .conversation import Trail
 from .tracker import Holding, Seen, SlotTracker
 
 log = logging.getLogger("ocpc.parking")
@@ -108,7 +110,7 @@ class Parker:
                          "raise OC_PREFIX_CACHE_PARK_MAX_GB to park conversations this long")
 
     def park(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
-                       deadline: Deadline) -> Seen:
+             deadline: Deadline) -> Seen:
         """Park the conversation the slot holds before it is displaced; raise if it cannot be
         parked (the caller then leaves the slot as it is: what ocpc displaces, it parks first).
         Returns the slot as it is now: holding exactly the park."""
@@ -116,6 +118,27 @@ class Parker:
         if holding is None or trail is None:
             raise OcpcError("the slot's conversation cannot be parked (its last request is unknown); "
                             "the slot is left as it is")
+        done, key = self._write(holding, trail, slot, epoch=seen.epoch, server=server, identity=identity,
+                                deadline=deadline)
+        parked = Holding(kind="conv", key=key, head=holding.head, n_tokens=len(done.tokens), exact=True,
+                         left=self.executor.observe(slot, deadline=deadline), conversation=holding.conversation,
+                         stored=len(done.tokens))
+        self.tracker.leave(self.server, slot, parked, trail=trail, epoch=seen.epoch)
+        return replace(seen, now=parked.left, holding=parked)
+
+    def park_from_ram(self, holding: Holding, trail: Trail, slot: int, *, epoch: int, server: ServerIdentity,
+                      identity: str, deadline: Deadline, first: Callable[[tuple[int, ...]], None]) -> Done:
+        """Park a conversation the server holds in its RAM cache, not in a slot (a graceful stop
+        comes, which empties that cache): ``first(tokens)`` readies ``slot`` so the server loads
+        the conversation from RAM for the park's evaluation (``RamTier.clear``); the rest is a park.
+        The slot's own contents must be parked already (the caller's order)."""
+        done, _ = self._write(holding, trail, slot, epoch=epoch, server=server, identity=identity,
+                              deadline=deadline, first=first)
+        self.tracker.forget(self.server, slot, "a conversation from the server's RAM cache was parked through it")
+        return done
+
+    def _write(self, holding: Holding, trail: Trail, slot: int, *, epoch: int, server: ServerIdentity, identity: str,
+               deadline: Deadline, first: Callable[[tuple[int, ...]], None] | None = None) -> tuple[Done, str]:
         try:
             tokens, text = self.park_point(json.loads(trail.raw), head=holding.head, sent=holding.n_tokens,
                                            deadline=deadline)
@@ -128,14 +151,10 @@ class Parker:
                            session=trail.session, digests=trail.digests, text_chars=text.chars if text else 0,
                            text_xxh64=text.text_xxh64 if text else "")
         try:
-            done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=seen.epoch,
-                                             deadline=deadline)
+            if first is not None:
+                first(tokens)
+            done = self.executor.save_prefix(slot, Prefix("conv", key, tokens), entry, epoch=epoch, deadline=deadline)
         except OcpcError as exc:
             raise OcpcError(f"could not park the slot's conversation ({exc}); the slot is left as it is") from exc
         log.info("parked %s (slot %d): %s", holding.conversation, slot, done.reason)
-        parked = Holding(kind="conv", key=key, head=holding.head, n_tokens=len(done.tokens), exact=True,
-                         left=self.executor.observe(slot, deadline=deadline), conversation=holding.conversation,
-                         stored=len(done.tokens))
-        self.tracker.leave(self.server, slot, parked, trail=trail, epoch=seen.epoch)
-        return replace(seen, now=parked.left, holding=parked)
-
+        return done, key

@@ -162,6 +162,12 @@ class RamModel:
             self._same_process(epoch)
             return limit > 0 and sum(self._entries.values()) + tokens <= limit
 
+    def entries(self, *, epoch: int) -> dict[str, int]:
+        """What the model holds for this server process (conversation -> tokens), oldest first."""
+        with self._lock:
+            self._same_process(epoch)
+            return dict(self._entries)
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._entries)

@@ -27,7 +27,8 @@ from .decision import Action
 from .ramcache import RamLimit, RamModel, swaps_from_ram
 from .server_info import flag_value
 from .slot_client import SlotClient
-from .tracker import Seen, SlotTracker
+from .conversation import Trail
+from .tracker import Holding, Seen, SlotTracker
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class RamTier:
         # slot -> (server process epoch, the tokens of the last request planned there, or of what a warm
         # start restored): what ocpc knows the slot's contents start with
         self._rendered: dict[int, tuple[int, tuple[int, ...]]] = {}
+        # conversation -> what it was and its last request, when it went to RAM: enough to park it
+        # before a graceful stop empties the cache (``parkable``)
+        self._kept: dict[str, tuple[int, Holding, Trail]] = {}
 
     def capacity(self) -> int | None:
         """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known: a
@@ -118,6 +122,8 @@ class RamTier:
         epoch, holding = seen.epoch, seen.holding
         if action.target == "ram":
             self.model.loaded(conversation, epoch=epoch)
+            with self._guard:
+                self._kept.pop(conversation, None)
             self._count("ram_swap")
         if holding is None or holding.kind != "conv" or not holding.conversation or holding.conversation == conversation:
             return
@@ -125,7 +131,7 @@ class RamTier:
             return  # a slot action (restore, warm) wipes the slot without the server stashing it
         occupant = self._occupant(slot, epoch)
         if action.clear_first or swaps_from_ram(occupant=occupant, occupant_tokens=holding.n_tokens, request=request):
-            self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity())
+            self._stashed(holding, seen.trail, epoch)
 
     def publish_idle(self, slot: int) -> None:
         """The request about to start in ``slot`` makes the server copy every idle slot's prompt
@@ -139,7 +145,23 @@ class RamTier:
             holding = self.tracker.holding(self.server, other)
             if other == slot or other in busy or holding is None or holding.kind != "conv":
                 continue
-            self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=capacity)
+            self._stashed(holding, self.tracker.trail(self.server, other), epoch)
+
+    def _stashed(self, holding: Holding, trail: Trail | None, epoch: int) -> None:
+        self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity())
+        held = self.model.entries(epoch=epoch)
+        with self._guard:
+            if trail is not None and held.get(holding.conversation, 0) >= holding.n_tokens:
+                self._kept[holding.conversation] = (epoch, holding, trail)
+            self._kept = {c: kept for c, kept in self._kept.items() if c in held and kept[0] == epoch}
+
+    def parkable(self, *, epoch: int, min_tokens: int) -> list[tuple[Holding, Trail]]:
+        """The conversations that live only in the server's RAM cache (not in a slot), newest
+        first, with at least ``min_tokens`` in no file yet: what a graceful stop would lose."""
+        held = self.model.entries(epoch=epoch)
+        with self._guard:
+            kept = [(h, t) for c, (e, h, t) in self._kept.items() if e == epoch and held.get(c, 0) >= h.n_tokens]
+        return [(h, t) for h, t in reversed(kept) if h.n_tokens - h.stored >= min_tokens]
 
     def over(self, live: int) -> bool:
         """Whether the RAM cache cannot keep every displaced conversation plus ``live`` tokens."""

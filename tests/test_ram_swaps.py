@@ -135,3 +135,23 @@ def test_where_the_ram_cache_cannot_keep_them_conversations_are_parked_to_disk(l
         assert timings.prompt_n <= new + max(MARKUP, 256), (source, timings, new)
     assert not any(source == "ram" for source, _, _ in later), later
     assert counters.get("source:park", 0) >= 3 and counters.get("report_missed", 0) == 0, counters
+
+
+def test_a_graceful_stop_parks_the_conversations_that_live_only_in_the_ram_cache(llama_server: Any) -> None:
+    """The RAM cache dies with the server process. Before a graceful stop, ocpc parks the slots'
+    conversations and then the ones only the RAM cache holds (the server loads each back for its
+    park's evaluation): after the restart every conversation comes back from its park."""
+    server = llama_server("qwen35", parallel=2, ctx_size=2 * 32768, extra_args=(*FLAGS, "--cache-ram", "2048"))
+    agents = Agents(server.url)
+    convs = [workload.parent("ses_a"), Pi("ses_p"), workload.other_project("ses_b")]
+    rounds(agents, convs, 2)
+    parked = agents.preparer.park_live(deadline=Deadline.after(120))
+    print(parked)
+    from_ram = [r for r in parked if r.get("from")]
+    assert from_ram and all(r["parked"] for r in from_ram), parked
+    server.restart()
+    for conv in convs:
+        source, timings, new = agents.turn(conv)
+        assert source == "park" and timings.prompt_n <= new + MARKUP, (conv.session, source, timings, new)
+    counters = agents.counters()
+    assert counters.get("report_missed", 0) == 0, counters
