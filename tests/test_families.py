@@ -89,15 +89,25 @@ def test_a_new_session_and_one_after_a_restart_reuse_the_head(family, model: str
 
 @FAMILIES
 def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_tokens(family, model: str) -> None:
-    server, t = family(model)
-    parent, other = workload.parent(), workload.other_project()
-    for _ in range(3):
-        t.turn(parent)
-    displacing, _ = t.turn(other)
-    assert "parked the slot's conversation" in displacing.reason, displacing
-    back, timings = t.turn(parent)
-    assert back.action == "restored" and back.source == "park", back
-    t.assert_only_new_tokens(back, timings)
+    """Both tiers. At the server's default RAM cache the displaced conversation is stashed by the
+    server and swapped back from RAM, except where the newcomer is a hit on the slot's shared head
+    (a transformer keeps it): the slot keeps the head, so the conversation is parked to disk. With a
+    RAM cache too small for it (1 MiB) it always goes to a disk park. Either way it comes back with
+    only its new tokens."""
+    for ram in (None, "1"):
+        server, t = family(model, extra=("--cache-ram", ram) if ram else ())
+        parent, other = workload.parent(), workload.other_project()
+        for _ in range(3):
+            t.turn(parent)
+        displacing, _ = t.turn(other)
+        keeps_head = displacing.action == "hit" and displacing.source == "slot"
+        source = "ram" if ram is None and not keeps_head else "park"
+        gone = "goes to the server's RAM cache" if source == "ram" else "parked the slot's conversation"
+        assert gone in displacing.reason, (ram, displacing)
+        back, timings = t.turn(parent)
+        assert back.source == source and back.action == ("hit" if source == "ram" else "restored"), (ram, back)
+        t.assert_only_new_tokens(back, timings)
+        server.stop()
 
 
 @FAMILIES

@@ -34,6 +34,10 @@ from .helpers import chat
 pytestmark = pytest.mark.rig
 BOTH = pytest.mark.parametrize("model", ["qwen35", "qwen3"])
 FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
+# A RAM cache too small for any conversation (1 MiB): displaced conversations go to disk parks. With
+# the server's default RAM cache they are swapped back from RAM instead (tests/test_ram_swaps.py,
+# tests/test_families.py); a subagent's first turn warms a new head and parks either way.
+DISK_ONLY = ("--cache-ram", "1")
 MARKUP = 12  # turn markup the template re-renders around appended messages
 
 
@@ -87,7 +91,8 @@ def turns(llama_server) -> Iterator[Any]:
 
 @BOTH
 def test_a_subagent_and_back(turns, model: str) -> None:
-    server, t = turns(model)
+    """The server's RAM cache too small to keep the parent: it is parked to disk and restored."""
+    server, t = turns(model, extra_args=(*FLAGS, *DISK_ONLY))
     parent, sub = workload.parent(), workload.explore_subagent("ses_sub")
     t.turn(parent)
     t.turn(parent)
@@ -102,7 +107,7 @@ def test_a_subagent_and_back(turns, model: str) -> None:
 
 @BOTH
 def test_another_projects_session_and_back(turns, model: str) -> None:
-    server, t = turns(model)
+    server, t = turns(model, extra_args=(*FLAGS, *DISK_ONLY))
     parent, other = workload.parent(), workload.other_project()
     for _ in range(3):
         t.turn(parent)
@@ -114,7 +119,7 @@ def test_another_projects_session_and_back(turns, model: str) -> None:
 
 
 def test_four_conversations_taking_turns_on_one_slot(turns) -> None:
-    server, t = turns("qwen35")
+    server, t = turns("qwen35", extra_args=(*FLAGS, *DISK_ONLY))
     for i, (who, conv) in enumerate(workload.round_robin(n=4, turns=3)):
         result, timings = t.turn(conv)
         if 4 <= i < 8:  # a first turn's tail is too short to park: back from the project head
@@ -147,7 +152,7 @@ def test_an_idle_conversation_is_parked_ahead_so_its_displacement_writes_nothing
     from oc_prefix_cache import ahead
 
     monkeypatch.setattr(ahead, "IDLE_S", 0.0)  # the tool gap, shortened
-    server, t = turns(model)
+    server, t = turns(model, extra_args=(*FLAGS, *DISK_ONLY))
     t.preparer.settings = replace(t.settings, park_ahead_s=1e-6)  # every park "costs" more than this here
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")
     t.turn(parent)
