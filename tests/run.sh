@@ -38,7 +38,7 @@ trap 'rm -f "$log"' EXIT
 
 echo "== pytest"
 set +e
-.venv/bin/python -m pytest "$@" 2>&1 | tee "$log"
+.venv/bin/python -m pytest --durations=40 "$@" 2>&1 | tee "$log"
 code=${PIPESTATUS[0]}
 set -e
 if [ "$code" -eq 5 ]; then
