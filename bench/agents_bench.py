@@ -9,8 +9,9 @@ requests; 12 lines, ~450 tokens, is a heavier tool use) with a short reply, then
 point runs ``--window`` seconds; turns in flight at its end are not counted.
 
 Model: the real Gemma 3 270M (`--no-repack`): the tiny models crash b11434 as soon as two slots
-process at once (docs/performance.md). Prefill runs ~550 tokens/s here, so re-prefilling a
-conversation costs 5-20 s and a turn's new tokens a fraction of one.
+process at once (docs/performance.md). Prefill ran ~550 tokens/s here on earlier days and
+~90-145 on 2026-12-03, so re-prefilling a conversation costs 5-30 s and a turn's new tokens a
+fraction of that (``--warmup`` keeps the first requests out of the window).
 
 Arms, each on its own fresh llama-server per point, alternated point by point:
 - ``plain``: llama-server at its defaults (`-np N --metrics --no-repack`);
