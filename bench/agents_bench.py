@@ -554,7 +554,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="CI: K=4 on N=2, 30 s per arm")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI: K=4 on N=2, 30 s per arm after the agents' first requests (--warmup)")
     parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
     parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
     parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
@@ -574,6 +575,7 @@ def main() -> int:
     slots = [2] if args.smoke else [int(x) for x in args.slots.split(",")]
     ks = [4] if args.smoke else [int(x) for x in args.agents.split(",")]
     window = 30.0 if args.smoke else args.window
+    warmup = args.warmup or args.smoke  # without it 30 s hold only first requests: no turn to show
     settings = Settings.from_env()
     rig = ensure_rig(settings)
     model = ensure_real_model(rig, settings, "gemma3")
@@ -600,7 +602,7 @@ def main() -> int:
                     flags = (*base[arm], "--cache-ram", str(ram[arm]))
                     point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
                                       fault=args.fault, doors=args.doors, lines=args.tool_lines,
-                                      warmup=args.warmup)
+                                      warmup=warmup)
                     rows.append(point.row(window))
                     render([rows[-1]])
                     if point.fault:
@@ -618,7 +620,7 @@ def main() -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"window_s": window, "tool_lines": args.tool_lines, "ram_mib": ram,
-                                         "warmup": args.warmup,
+                                         "warmup": warmup,
                                          "rows": rows, "ratios": ratios(rows)},
                                         indent=2))
     if args.png:

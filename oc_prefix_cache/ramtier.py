@@ -58,6 +58,7 @@ class RamTier:
         # conversation -> what it was and its last request, when it went to RAM: enough to park it
         # before a graceful stop empties the cache (``parkable``)
         self._kept: dict[str, tuple[int, Holding, Trail]] = {}
+        self._tokens_for_clear: tuple[int, tuple[int, int]] | None = None  # (epoch, tokens): ``clear``
 
     def capacity(self) -> int | None:
         """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known: a
@@ -88,8 +89,6 @@ class RamTier:
         holding = seen.holding
         occupant_tokens = holding.n_tokens if holding is not None else (seen.now.n_tokens or 0)
         here = swaps_from_ram(occupant=occupant, occupant_tokens=occupant_tokens, request=request)
-        if not here:
-            self._count("ram_clear_first")  # the server would keep the shared prefix instead
         return Where(held, here)
 
     def keeps_occupant(self, seen: Seen) -> tuple[bool, bool]:
@@ -110,9 +109,22 @@ class RamTier:
         swapped in from RAM (measured: a pinned request takes nothing from RAM into an empty slot
         or over a prefix it shares)."""
         first = request[0] if request else None
-        token = next(t for text in ("0", "1") for t in self.client.tokenize(text, add_special=False, deadline=deadline)[:1]
-                     if t != first)
+        token = next(t for t in self._clear_tokens(deadline) if t != first)
         self.client.evaluate([token], slot=slot, deadline=deadline)
+        self._count("ram_clear")
+
+    def _clear_tokens(self, deadline: Deadline) -> tuple[int, int]:
+        """The first tokens of "0" and "1" in this server's vocabulary (two, so one differs from
+        any request's first), tokenized once per server process rather than on every clear."""
+        epoch = self.tracker.epoch(self.server)
+        with self._guard:
+            known = self._tokens_for_clear
+        if known is not None and known[0] == epoch:
+            return known[1]
+        zero, one = (self.client.tokenize(text, add_special=False, deadline=deadline)[0] for text in ("0", "1"))
+        with self._guard:
+            self._tokens_for_clear = (epoch, (zero, one))
+        return zero, one
 
     def follow(self, action: Action, slot: int, seen: Seen, request: tuple[int, ...], conversation: str) -> None:
         """What the server's RAM cache does with this request: one run over another conversation

@@ -17,53 +17,81 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
+# Every step prints the seconds since the start, so a CI log says where the time went.
+started=$SECONDS
+step() { echo "== $1 (at $((SECONDS - started)) s)"; }
+
 # The agents' binaries for the end-to-end tests (npm, PyPI), downloaded while the server
 # compiles (tests/harness_bins.py; cached per version; a failure here is retried by the test).
 bins_log=$(mktemp)
+rig_log=$(mktemp)
+log=$(mktemp)
+trap 'rm -f "$log" "$bins_log" "$rig_log"' EXIT
 .venv/bin/python -m tests.harness_bins >"$bins_log" 2>&1 &
 bins_pid=$!
+# The real llama-server and tiny models: built once, cached (a cold build is 10-20 minutes on
+# two cores), so the tests that need no server run while it compiles.
+.venv/bin/ocpc rig build >"$rig_log" 2>&1 &
+rig_pid=$!
 
-# The real llama-server and tiny models: built once, cached; fails loudly if it cannot.
-.venv/bin/ocpc rig build
-wait "$bins_pid" || true
-echo "== agents' binaries"
-cat "$bins_log"
-rm -f "$bins_log"
-
-echo "== mypy"
+step "mypy"
 .venv/bin/mypy
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# pytest's exit 5 (no test collected) is a failure here: a filter or a collection error ate them.
+passed=0
+run_pytest() {
+  set +e
+  .venv/bin/python -m pytest "$@" 2>&1 | tee "$log"
+  local code=${PIPESTATUS[0]}
+  set -e
+  if [ "$code" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure here" >&2
+    exit 1
+  fi
+  [ "$code" -eq 0 ] || exit "$code"
+  passed=$((passed + $(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
+}
 
-echo "== pytest"
-set +e
-.venv/bin/python -m pytest --durations=40 "$@" 2>&1 | tee "$log"
-code=${PIPESTATUS[0]}
-set -e
-if [ "$code" -eq 5 ]; then
-  echo "pytest collected no tests: that is a failure here" >&2
+if [ $# -eq 0 ]; then
+  step "pytest: the tests that need no server (while it compiles)"
+  run_pytest -m "not rig" --durations=10
+fi
+step "the rig (llama-server built from the pinned sdist, the tiny models)"
+if ! wait "$rig_pid"; then
+  cat "$rig_log"
   exit 1
 fi
-[ "$code" -eq 0 ] || exit "$code"
-py_passed=$(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
+cat "$rig_log"
+wait "$bins_pid" || true
+step "agents' binaries"
+cat "$bins_log"
 
-echo "== node --test (the OpenCode plugin)"
+if [ $# -eq 0 ]; then
+  step "pytest: the tests on the real server"
+  run_pytest -m rig --durations=40
+else
+  step "pytest $*"
+  run_pytest --durations=40 "$@"
+fi
+py_passed=$passed
+
+step "node --test (the OpenCode plugin)"
 # A glob, not the folder: Node >= 21 takes a folder argument as a file to run.
 node --test plugin-js/test/*.test.mjs 2>&1 | tee "$log"
 node_passed=$(grep -E '^# pass ' "$log" | grep -Eo '[0-9]+' || echo 0)
 
 # The benchmarks in smoke mode, so they cannot rot (full runs: docs/performance.md).
-echo "== bench (smoke)"
-.venv/bin/python bench/prepare_bench.py --smoke --models qwen35
-node bench/failopen_bench.mjs --calls 20
-.venv/bin/python bench/peer_bench.py --smoke
-.venv/bin/python bench/proxy_bench.py --smoke
-.venv/bin/python bench/sessions_bench.py --smoke
-.venv/bin/python bench/families_bench.py --smoke
-.venv/bin/python bench/fatkv_bench.py --smoke
-.venv/bin/python bench/warmstart_bench.py --smoke
-.venv/bin/python bench/router_load_bench.py --smoke
-.venv/bin/python bench/agents_bench.py --smoke
+smoke() { step "bench: ${*:2}"; "$@"; }
+smoke .venv/bin/python bench/prepare_bench.py --smoke --models qwen35
+smoke node bench/failopen_bench.mjs --calls 20
+smoke .venv/bin/python bench/peer_bench.py --smoke
+smoke .venv/bin/python bench/proxy_bench.py --smoke
+smoke .venv/bin/python bench/sessions_bench.py --smoke
+smoke .venv/bin/python bench/families_bench.py --smoke
+smoke .venv/bin/python bench/fatkv_bench.py --smoke
+smoke .venv/bin/python bench/warmstart_bench.py --smoke
+smoke .venv/bin/python bench/router_load_bench.py --smoke
+smoke .venv/bin/python bench/agents_bench.py --smoke
 
+step "done"
 echo "tests: $((py_passed + node_passed)) passed, 0 failed"

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from .helpers import sized
+
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("agents_bench", ROOT / "bench" / "agents_bench.py")
@@ -20,31 +22,33 @@ bench = importlib.util.module_from_spec(_spec)
 sys.modules["agents_bench"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
+WINDOW = sized(60, 40)  # seconds of turns after the first requests (OCPC_FULL_TESTS=1: a minute)
+TURNS = sized(6, 4)  # at least this many turns in the window, over all agents
 
 
 def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
         llama_server: Any, family_args: Any, tmp_path: Path) -> None:
-    """Three agents share two slots for a minute through both front doors of `ocpc launch` on one
-    Preparer: two OpenCode agents on the plugin's path (the daemon's prepare, the request sent
+    """Three agents share two slots for 40 s (a minute with OCPC_FULL_TESTS=1) through both
+    front doors of `ocpc launch` on one Preparer: two OpenCode agents on the plugin's path (the daemon's prepare, the request sent
     straight to the server pinned to the slot prepared, the report) and Claude Code through the
     proxy. Every request answers 200; every prepare whose report came back was served by what it
     prepared (no false hit, no park restored into another conversation: a park of the wrong
     conversation reuses nothing past the head, a slot the other front door was running a request
     on holds another prompt); conversations displaced come back from the server's RAM cache or
     their parks; nothing fails open; every slot and every lease is given back. Each agent's first
-    request is answered before the minute starts (this machine prefills Gemma at ~120 tokens/s)."""
+    request is answered before the window opens (this machine prefills Gemma at ~120 tokens/s)."""
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
     point = bench.Point("ocpc", 3, 2)
     with bench.Launched(server.url, tmp_path / "ocpc") as launched:
         agents = bench.make_agents(3, plugin=True)
         assert [a.via for a in agents] == ["plugin", "proxy", "plugin"]
-        bench.drive(launched.doors, agents, window=60, point=point, warmup=True)
+        bench.drive(launched.doors, agents, window=WINDOW, point=point, warmup=True)
         counters = launched.snapshot()
         broker = launched.preparer.broker
         busy = broker.table.snapshot()
         leases = broker.leases()
     assert not point.failed, point.failed
-    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"} and len(point.turns) >= 6
+    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"} and len(point.turns) >= TURNS
     assert counters.get("report_missed", 0) == 0, counters  # no false hit, no wrong park
     assert counters.get("report_served", 0) >= len(point.turns) - 3, counters  # the plugin's reports too
     # displaced conversations come back from the server's RAM cache or from their parks
@@ -65,7 +69,7 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
     points = [bench.Point("ocpc", 2, 2), bench.Point("ocpc", 1, 2)]
     with bench.Launched(server.url, tmp_path / "ocpc") as first, bench.Launched(server.url, tmp_path / "ocpc") as second:
         agents = bench.make_agents(3)
-        runs = [threading.Thread(target=bench.drive, args=(doors, group), kwargs={"window": 60, "point": point, "warmup": True})
+        runs = [threading.Thread(target=bench.drive, args=(doors, group), kwargs={"window": WINDOW, "point": point, "warmup": True})
                 for doors, group, point in ((first.doors, agents[:2], points[0]), (second.doors, agents[2:], points[1]))]
 
         for run in runs:
@@ -75,7 +79,7 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
         counters = [first.snapshot(), second.snapshot()]
     for point in points:
         assert not point.failed, point.failed
-    assert sum(len(p.turns) for p in points) >= 6
+    assert sum(len(p.turns) for p in points) >= TURNS
     for mine in counters:
         assert mine.get("report_missed", 0) == 0, mine  # a slot the other process changed is never a hit
         assert not any(v for k, v in mine.items() if k.startswith(("proxy:fail_open", "failed"))), mine
