@@ -108,7 +108,8 @@ class Daemon:
         self._guard = threading.Lock()
         self._router = RouterCheck(self.server_url)
         self._models: dict[str, Preparer] = {}
-        self.loads = LoadWatch(self.server_url, preparer_for=self.model_preparer)  # warm starts after loads
+        self.loads = LoadWatch(self.server_url, preparer_for=self.model_preparer,  # warm starts after loads
+                               made=self._made_preparer)
         self._issued: OrderedDict[str, Preparer] = OrderedDict()  # prepare_id -> the Preparer that made it
         self._server_binary = server_binary
         server_class = _Server6 if ":" in host else _Server
@@ -217,6 +218,10 @@ class Daemon:
         if model is None:
             return self.preparer  # a model the router does not know: the request fails open as it would
         return self.model_preparer(model)
+
+    def _made_preparer(self, model: str) -> Preparer | None:
+        with self._guard:
+            return self._models.get(model)
 
     def model_preparer(self, model: str) -> Preparer:
         """The Preparer of one model of the router (made on first use; ``ocpc launch``'s proxy

@@ -118,10 +118,12 @@ class Lifecycle:
             out.append(item)
         return out
 
-    def process_ended(self, why: str) -> None:
+    def process_ended(self, why: str, *, if_known: bool = False) -> None:
         """The server's process ended, known from elsewhere (a router unloaded this model): what its
-        slots held, its file proofs and its witness go (``ocpc status`` and ``top`` stop showing them)."""
-        self.p.tracker.restarted(self.p.server, why)
+        slots held, its file proofs and its witness go (``ocpc status`` and ``top`` stop showing them).
+        ``if_known``: only where ocpc believes something of it (asked every second, it ends once)."""
+        if not if_known or self.p.tracker.knows(self.p.server):
+            self.p.tracker.restarted(self.p.server, why)
 
     def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
         """Behind a router: its model was just loaded (a new child process) or woke from sleep (a

@@ -338,9 +338,9 @@ class Preparer:
         """Behind a router: warm the slots of a model just loaded or woken (lifecycle.py)."""
         return self.lifecycle.warm_loaded(woke=woke, deadline=deadline)
 
-    def process_ended(self, why: str) -> None:
+    def process_ended(self, why: str, *, if_known: bool = False) -> None:
         """The server's process ended, known from elsewhere (a router unloaded this model)."""
-        self.lifecycle.process_ended(why)
+        self.lifecycle.process_ended(why, if_known=if_known)
 
     def stood_down(self) -> str | None:
         """Why ocpc stands down on this server process (restores cannot serve), or None.

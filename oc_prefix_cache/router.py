@@ -142,9 +142,11 @@ class LoadWatch:
     (the watch); a model's warm start runs in its own thread, one at a time per model."""
 
     def __init__(self, url: str, *, preparer_for: Callable[[str], Preparer],
+                 made: Callable[[str], Preparer | None] = lambda model: None,
                  warm_s: float = WARM_ON_LOAD_S, enabled: bool = True) -> None:
+        """``preparer_for``: a model's Preparer, made on first use; ``made``: only one made already."""
         self.url = url.rstrip("/")
-        self._preparer_for = preparer_for
+        self._preparer_for, self._made = preparer_for, made
         self._warm_s = warm_s
         self.enabled = enabled  # off: loads are only noticed (a bench's control arm)
         self._guard = threading.Lock()
@@ -167,9 +169,15 @@ class LoadWatch:
                           port=port)
             with self._guard:
                 self._seen[model] = now
-            if before is not None and before.status == "loaded" and status != "loaded":
-                # its child ended (or its context, asleep): what ocpc knew of its slots is gone with it
-                self._preparer_for(model).process_ended(f"the router shows it {status}")
+            if status != "loaded":
+                # its child ended (or its context, asleep): what ocpc knew of its slots is gone with it.
+                # Also where no look saw it loaded: a request loads a model and the next request's
+                # model unloads it, both within a second
+                why = f"the router shows it {status}"
+                if before is not None and before.status == "loaded":
+                    self._preparer_for(model).process_ended(why)
+                elif (made := self._made(model)) is not None:
+                    made.process_ended(why, if_known=True)
             if status != "loaded" or (before is not None and before.status == "loaded"
                                       and (before.port, before.child) == (now.port, now.child)):
                 continue
@@ -279,7 +287,7 @@ class RouterProxy:
         self._proxies: dict[str | None, Proxy] = {}
         self._origins: frozenset[str] = frozenset()
         self.loads = LoadWatch(self.server, preparer_for=lambda model: self.proxy_for(model).preparer,
-                               enabled=warm_on_load)
+                               made=self._made_preparer, enabled=warm_on_load)
         self.preparer = _Preparers(self._all, self.loads)
 
     @property
@@ -296,6 +304,11 @@ class RouterProxy:
     def _all(self) -> list[Proxy]:
         with self._guard:
             return list(self._proxies.values())
+
+    def _made_preparer(self, model: str) -> Preparer | None:
+        with self._guard:
+            proxy = self._proxies.get(model)
+        return proxy.preparer if proxy is not None else None
 
     def proxy_for(self, model: str | None) -> Proxy:
         """The Proxy of a model id (None: a request that names no known model: passed through)."""

@@ -242,6 +242,16 @@ class SlotTracker:
         with self._guard:
             return self._server(server).epoch
 
+    def knows(self, server: str) -> bool:
+        """Whether ocpc believes anything of this server process: what a slot holds or ran, a
+        file proven on it, its process. (What a process that ended takes with it.)"""
+        with self._guard:
+            state = self._servers.get(server.rstrip("/"))
+            if state is None:
+                return False
+            return bool(state.proven or state.process or any(
+                s.holding is not None or s.trail is not None for s in state.slots.values()))
+
     # -- proofs of files -------------------------------------------------------------------
     def proven(self, server: str, key: tuple[str, int, int]) -> bool:
         with self._guard:
