@@ -26,7 +26,7 @@ step() { echo "== $1 (at $((SECONDS - started)) s)"; }
 bins_log=$(mktemp)
 rig_log=$(mktemp)
 log=$(mktemp)
-trap 'rm -f "$log" "$bins_log" "$rig_log"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$log" "$bins_log" "$rig_log"' EXIT  # a failed step stops the build too
 .venv/bin/python -m tests.harness_bins >"$bins_log" 2>&1 &
 bins_pid=$!
 # The real llama-server and tiny models: built once, cached (a cold build is 10-20 minutes on
