@@ -142,7 +142,7 @@ class LoadWatch:
     (the watch); a model's warm start runs in its own thread, one at a time per model."""
 
     def __init__(self, url: str, *, preparer_for: Callable[[str], Preparer],
-                 made: Callable[[str], Preparer | None] = lambda model: None,
+                 made: Callable[[str], Preparer | None],
                  warm_s: float = WARM_ON_LOAD_S, enabled: bool = True) -> None:
         """``preparer_for``: a model's Preparer, made on first use; ``made``: only one made already."""
         self.url = url.rstrip("/")

@@ -29,9 +29,9 @@ TURNS = sized(6, 4)  # at least this many turns in the window, over all agents
 def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
         llama_server: Any, family_args: Any, tmp_path: Path) -> None:
     """Three agents share two slots for 40 s (a minute with OCPC_FULL_TESTS=1) through both
-    front doors of `ocpc launch` on one Preparer: two OpenCode agents on the plugin's path (the daemon's prepare, the request sent
-    straight to the server pinned to the slot prepared, the report) and Claude Code through the
-    proxy. Every request answers 200; every prepare whose report came back was served by what it
+    front doors of `ocpc launch` on one Preparer: two OpenCode agents on the plugin's path (the
+    daemon's prepare, the request sent straight to the server pinned to the slot prepared, the
+    report) and Claude Code through the proxy. Every request answers 200; every prepare whose report came back was served by what it
     prepared (no false hit, no park restored into another conversation: a park of the wrong
     conversation reuses nothing past the head, a slot the other front door was running a request
     on holds another prompt); conversations displaced come back from the server's RAM cache or
