@@ -21,7 +21,11 @@ Arms, each on its own fresh llama-server per point, alternated point by point:
   to the slot prepared, then the report), and the proxy, which the other agents go through.
   ``--doors proxy`` sends OpenCode through the proxy too. Its ocpc home is kept across the points
   of one N (heads are saved once per configuration: that is the product).
-Both arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a 27B's default
+- ``oracle`` (``--arms plain,ocpc,oracle``): llama-server at its defaults with a RAM cache
+  that never runs out (``--cache-ram`` ~1 TB; ``-1`` would still cap it at the context's
+  tokens): an unbounded prefix cache on the same work, the ceiling a cache can reach here;
+- ``flags``: ocpc's server flags without ocpc (what the flags alone do).
+The other arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a 27B's default
 8 GiB at ~100 KB per token), measured from a slot save of the first head, so the server's
 RAM cache runs out where it would for a real user.
 
@@ -38,6 +42,7 @@ restored, requests failed (must be 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -72,6 +77,7 @@ from oc_prefix_cache.settings import Settings  # noqa: E402
 from tests import workload  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
+ORACLE_RAM_MIB = 1_000_000  # the oracle arm's --cache-ram: never reached (the cap is in MiB and tokens)
 RAM_TOKENS = 80_000  # what a 27B's default --cache-ram 8192 holds at ~100 KB per token
 CTX_PER_SLOT = 32_768  # Gemma 3 270M's trained context
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512")
@@ -175,6 +181,7 @@ class Point:
     turns: list[Turn] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     processed_total: float = 0.0  # the server's own counter over the point
+    server: dict[str, float] = field(default_factory=dict)  # its /metrics counters over the point
     ocpc: dict[str, int] = field(default_factory=dict)
     restart_errors: int = 0  # the server's own errors while a fault restarted it
     fault: dict[str, Any] = field(default_factory=dict)
@@ -189,6 +196,9 @@ class Point:
                 "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p95_s": _pct(ttfts, 0.95),
                 "cache_share": 1 - self.processed_total / prompt if prompt else None,
                 "prompt_tokens": prompt, "processed_tokens": self.processed_total,
+                "prefill_s": self.server.get("prompt_seconds_total"),
+                "decode_s": self.server.get("tokens_predicted_seconds_total"),
+                "decoded_tokens": self.server.get("tokens_predicted_total"),
                 "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
                 "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
                 "failures": self.failed[:5],
@@ -249,7 +259,7 @@ def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, sta
         http.post(doors.daemon + "/v1/report", json={
             "fingerprint": answer["fingerprint"], "prepare_id": answer.get("prepare_id") or "",
             "cache_n": learned.cache_n, "prompt_n": learned.prompt_n, "predicted_n": learned.predicted_n or 0})
-    prompt = learned.cache_n + learned.prompt_n
+    prompt = (learned.cache_n or 0) + learned.prompt_n
     return Turn(agent.name, started, time.monotonic(), ttft, prompt, learned.prompt_n, status)
 
 
@@ -330,9 +340,20 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
 # -- the servers ------------------------------------------------------------------------------------
 
 
-def prompt_tokens_total(url: str) -> float:
+_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
+             "tokens_predicted_seconds_total")
+
+
+def server_counters(url: str) -> Counter[str]:
+    """The server's own work so far (`/metrics`): prompt tokens processed, and the seconds its
+    slots spent prefilling and decoding (per slot: two slots in one batch both count it)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:prompt_tokens_total"))
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.removeprefix("llamacpp:") in _COUNTERS:
+            out[name.removeprefix("llamacpp:")] = float(value)  # type: ignore[assignment]
+    return out
 
 
 def start(binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...]) -> LlamaServer:
@@ -350,7 +371,7 @@ def bytes_per_token(binary: Path, model: Path, home: Path, args: tuple[str, ...]
     try:
         body = {**workload.parent().body, "max_tokens": 1, "stream": False}
         answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600).json()
-        tokens = answer["timings"]["prompt_n"]
+        tokens = int(answer["timings"]["prompt_n"])
         httpx.post(f"{server.url}/slots/0?action=save", json={"filename": "measure.bin"}, timeout=120)
         size = (home / "slots" / "measure.bin").stat().st_size
         (home / "slots" / "measure.bin").unlink()
@@ -368,13 +389,13 @@ class Fault:
 
     def __init__(self, kind: str, server: LlamaServer, launched: Launched | None, *, at: float) -> None:
         self.kind, self.server, self.launched, self.at = kind, server, launched, at
-        self.processed_before = 0.0
+        self.before: Counter[str] = Counter()  # the server's counters when it went down
         self.down: tuple[float, float] = (0.0, 0.0)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         time.sleep(self.at)
-        self.processed_before = prompt_tokens_total(self.server.url)
+        self.before = server_counters(self.server.url)
         began = time.monotonic()
         if self.kind == "doors":
             if self.launched is not None:
@@ -443,7 +464,9 @@ class Launched:
         if self.daemon is None or self.proxy is None:
             return Counter()
         out = Counter({key: int(v) for key, v in self.preparer.status()["counters"].items()})
-        out.update({f"proxy:{key}": v for key, v in self.proxy.proxy.counters.snapshot().items()})
+        proxy = self.proxy.proxy
+        assert isinstance(proxy, Proxy)  # not a router's
+        out.update({f"proxy:{key}": v for key, v in proxy.counters.snapshot().items()})
         return out
 
 
@@ -453,10 +476,10 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
     broke: Fault | None = None
-    baseline: dict[str, Any] = {"processed": 0.0, "counters": Counter()}
+    baseline: dict[str, Counter[str]] = {"server": Counter(), "counters": Counter()}
 
     def opened(launched: Launched | None) -> None:  # the window opens: counters from here, the fault in its middle
-        baseline["processed"] = prompt_tokens_total(server.url)
+        baseline["server"] = server_counters(server.url)
         if launched is not None:
             baseline["counters"] = launched.counters + launched.snapshot()
         if broke:
@@ -473,8 +496,10 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
             broke = Fault(fault, server, None, at=window / 2) if fault else None
             drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines), window=window, point=point,
                   fault=broke, warmup=warmup, on_start=lambda: opened(None))
-        point.processed_total = (prompt_tokens_total(server.url) + (broke.processed_before if broke else 0.0)
-                                 - baseline["processed"])
+        done = server_counters(server.url)
+        done.update(broke.before if broke else Counter())
+        point.server = {key: done[key] - baseline["server"][key] for key in _COUNTERS}
+        point.processed_total = point.server["prompt_tokens_total"]
         if broke:
             after = [t for t in point.turns if t.started >= broke.down[1]]
             point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0], "turns_after": len(after),
@@ -506,13 +531,13 @@ def _share(turns: list[Turn]) -> float | None:
 
 def render(rows: list[dict[str, Any]]) -> None:
     print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
-          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6}")
+          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8}")
     for r in rows:
         def f(key: str, fmt: str = "7.1f") -> str:
             return format(r[key], fmt) if r[key] is not None else "-".rjust(int(fmt.split(".")[0]))
         print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s')} {f('turn_p95_s')} "
               f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
-              f"{r['park_restores']:>6} {r['failed']:>6}")
+              f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')}")
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -520,9 +545,14 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for plain in (r for r in rows if r["arm"] == "plain"):
         ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == plain["k"] and r["n"] == plain["n"]), None)
         if ocpc and plain["turns"] and plain["turn_mean_s"] and ocpc["turn_mean_s"]:
-            out.append({"n": plain["n"], "k": plain["k"], "turns_x": ocpc["turns"] / plain["turns"],
-                        "turn_time_x": ocpc["turn_mean_s"] / plain["turn_mean_s"],
-                        "plain_cache": plain["cache_share"], "ocpc_cache": ocpc["cache_share"]})
+            ratio = {"n": plain["n"], "k": plain["k"], "turns_x": ocpc["turns"] / plain["turns"],
+                     "turn_time_x": ocpc["turn_mean_s"] / plain["turn_mean_s"],
+                     "plain_cache": plain["cache_share"], "ocpc_cache": ocpc["cache_share"]}
+            oracle = next((r for r in rows if r["arm"] == "oracle" and r["k"] == plain["k"] and r["n"] == plain["n"]),
+                          None)
+            if oracle and oracle["turns"]:
+                ratio |= {"of_oracle_turns": ocpc["turns"] / oracle["turns"], "oracle_cache": oracle["cache_share"]}
+            out.append(ratio)
     return out
 
 
@@ -535,7 +565,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     slots = sorted({r["n"] for r in rows})
     fig, axes = plt.subplots(2, len(slots), figsize=(4.5 * len(slots), 7), squeeze=False)
     for col, n in enumerate(slots):
-        for arm, style in (("plain", "o--"), ("flags", "^:"), ("ocpc", "s-")):
+        for arm, style in (("plain", "o--"), ("flags", "^:"), ("oracle", "d-."), ("ocpc", "s-")):
             mine = sorted((r for r in rows if r["n"] == n and r["arm"] == arm), key=lambda r: r["k"])
             if not mine:
                 continue
@@ -566,9 +596,11 @@ def main() -> int:
     parser.add_argument("--tool-lines", type=int, default=TOOL_LINES,
                         help="lines of code per tool result, ~36 tokens each (12: a heavier tool use)")
     parser.add_argument("--arms", default="plain,ocpc",
-                        help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc)")
+                        help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc), "
+                             "oracle (plain with an unbounded RAM cache)")
     parser.add_argument("--warmup", action="store_true",
                         help="answer each agent's first request before the window opens (not counted)")
+    parser.add_argument("--keep", type=Path, help="work here and keep it (each server's log, ocpc's state)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -582,13 +614,20 @@ def main() -> int:
     needs = REAL_MODELS["gemma3"].server_args
     own = tuple(arg for flag in family_flags(model_family(str(model))) for arg in flag.args())
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="ocpc-agents-") as work:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep
+          else tempfile.TemporaryDirectory(prefix="ocpc-agents-")) as work:
         base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
         base["flags"] = base["ocpc"]  # ocpc's server flags without ocpc: what the flags alone do
+        base["oracle"] = base["plain"]  # and a RAM cache without limit (ORACLE_RAM_MIB)
         chosen = tuple(a for a in args.arms.split(",") if a in base) or ("plain", "ocpc")
         base = {arm: base[arm] for arm in chosen}
         ram = {}
         for arm, flags in base.items():
+            if arm == "oracle":
+                ram[arm] = ORACLE_RAM_MIB
+                continue
             per_token = bytes_per_token(rig.server, model, Path(work) / f"measure-{arm}", flags)
             ram[arm] = max(64, round(RAM_TOKENS * per_token / 2**20))
             print(f"{arm}: {per_token:,.0f} KV bytes per token -> --cache-ram {ram[arm]} (~{RAM_TOKENS:,} tokens)")
@@ -616,7 +655,9 @@ def main() -> int:
     render(rows)
     for r in ratios(rows):
         print(f"N={r['n']} K={r['k']}: ocpc served {r['turns_x']:.2f}x plain's turns, mean turn time "
-              f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}")
+              f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}"
+              + (f"; {r['of_oracle_turns']:.2f}x the oracle's turns (its cache {r['oracle_cache']:.0%})"
+                 if "of_oracle_turns" in r else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"window_s": window, "tool_lines": args.tool_lines, "ram_mib": ram,

@@ -35,7 +35,6 @@ from .affinity import AffinityTable, Held, Want, choose
 from .deadline import Deadline
 from .errors import LockTimeout, OcpcError
 from .head import Head
-from .anthropic import dump_json
 from .tracker import SlotHold, SlotTracker
 
 log = logging.getLogger("ocpc.broker")
@@ -252,13 +251,6 @@ def returning(chat: dict[str, Any]) -> bool:
     """Whether a chat body carries earlier assistant turns (a conversation coming back, not a new one)."""
     messages = chat.get("messages")
     return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-
-
-def chain_key(chat: dict[str, Any]) -> str:
-    """A conversation without a session id: named by its first two messages (system, first prompt)."""
-    messages = chat.get("messages")
-    first = messages[:2] if isinstance(messages, list) else []
-    return "chain-" + xxhash.xxh64_hexdigest(dump_json(first).encode())
 
 
 def head_key(head: Head) -> str:

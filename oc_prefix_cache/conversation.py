@@ -141,6 +141,23 @@ def digest(text: str) -> str:
     return xxhash.xxh64_hexdigest(text.encode())
 
 
+def chain_id(digests: tuple[str, ...]) -> str:
+    """A conversation without a session id, named by its first two messages (system, first user)
+    as written. One name for the slot choice (the front doors' broker) and the prepare: when the
+    two named it differently, a returning conversation did not find its own slot, took another,
+    and its prepare waited to its deadline for a park of its own slot that nobody would write
+    (4 agents on ``-np 4``: pi and an OpenCode agent stuck for the whole window)."""
+    return "chain-" + xxhash.xxh64_hexdigest("".join(digests[:2]).encode())
+
+
+def chain_of(raw: bytes) -> str:
+    """``chain_id`` of a chat body; "" when it is not one (its prepare says why)."""
+    try:
+        return chain_id(parse(raw.decode("utf-8")).digests)
+    except (UnicodeDecodeError, BadRequestBody, RecursionError):
+        return ""
+
+
 def _messages(text: str, i: int) -> tuple[list[Any], tuple[str, ...], int, int]:
     """Parse the array at ``text[i] == '['``: values, per-element digests, index of ']', next index."""
     values: list[Any] = []

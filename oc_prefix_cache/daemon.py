@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .broker import Ask, chain_key, head_key, returning
+from .broker import Ask, head_key, returning
+from .conversation import chain_of
 from .deadline import Deadline
 from .errors import BadRequestBody, ConfigError, OcpcError
 from .harness.base import head_by_markers
@@ -169,15 +170,21 @@ class Daemon:
             self._thread.join(timeout=5)
 
     def prepare(self, raw: bytes, headers: dict[str, str], *, deadline: Deadline) -> dict[str, Any]:
-        """The prepare's answer. A pinning plugin on ``-np N`` gets a slot of the broker's choice,
-        held until its report (``report``) or until the watch takes it back; any other caller,
-        or a single-slot server, gets the configured slot as before."""
+        """The prepare's answer. A pinning plugin gets a slot of the broker's choice, held until
+        its report (``report``) or until the watch takes it back: on ``-np N`` its request is
+        pinned there (``pin``); on a single-slot server the slot is the one there is and the body
+        stays as it is, but it is held all the same. Why: ``ocpc launch`` runs the proxy beside
+        the daemon, and a proxied request prepared (restored, cleared) the one slot under the
+        plugin's request, which then missed, and the two doors' requests came to run over each
+        other (4 agents on ``-np 1``: every prepare after the first minute skipped or failed,
+        0.82x plain's turns). A caller that does not pin gets the configured slot, unheld."""
         lower = {k.lower(): v for k, v in headers.items()}
         preparer = self._preparer_for(raw)
         broker = preparer.broker
-        if lower.get("x-ocpc-pin") != "1" or broker.n_slots() <= 1:
+        if lower.get("x-ocpc-pin") != "1":
             return self._issue(preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
-        taken = broker.take(self._ask(raw, lower, broker.n_slots()), deadline=deadline)
+        n_slots = broker.n_slots()
+        taken = broker.take(self._ask(raw, lower, n_slots), deadline=deadline)
         if taken.hold is None:
             broker.give_back(taken)
             preparer.count("failed:slot_busy")
@@ -193,7 +200,7 @@ class Daemon:
             broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
         else:
             broker.give_back(taken)  # no report will come (skipped, a title): nothing to keep it for
-        return result.to_json() | {"slot": taken.slot, "pin": True}
+        return result.to_json() | {"slot": taken.slot, "pin": n_slots > 1}
 
     def preparers(self) -> list[Preparer]:
         """The server's Preparer, and behind a router each model's."""
@@ -254,7 +261,7 @@ class Daemon:
             head = head_by_markers(data, self.settings.markers) if isinstance(data, dict) else None
         except (ValueError, RecursionError, BadRequestBody):
             data, head = None, None
-        conversation = "" if not isinstance(head, Head) else session or chain_key(data or {})
+        conversation = "" if not isinstance(head, Head) else session or chain_of(raw)
         return Ask(conversation=conversation, head_key=head_key(head) if isinstance(head, Head) else "",
                    n_slots=n_slots, default_slot=self.settings.slot,
                    returning=isinstance(data, dict) and returning(data))

@@ -109,16 +109,6 @@ class Action:
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
-    action = _decide(slot, request)
-    if action.kind == "restore" and action.park_first and slot.occupant_stashable and not slot.restarted:
-        # a restore is a slot action, which wipes the slot unstashed: one unrelated token first makes
-        # the server stash the occupant in its RAM cache (it has room), instead of a park to disk
-        return replace(action, park_first=False, clear_first=True,
-                       reason=f"{action.reason}; the slot's conversation goes to the server's RAM cache first")
-    return action
-
-
-def _decide(slot: SlotFacts, request: RequestFacts) -> Action:
     if slot.restarted:  # whatever was known belonged to the old server process
         slot = replace(slot, known=False, holds_head=None, exact=False, holds_conversation="",
                        exact_key=None, occupant_parkable=False)
@@ -146,15 +136,15 @@ def _decide(slot: SlotFacts, request: RequestFacts) -> Action:
                           "with it for the server to swap (it would keep the shared prefix): one unrelated token "
                           "first", target="ram", clear_first=True, park_first=park_first and not stays)
         if request.park is not FileState.MISSING:
-            return Action("restore", f"{why}: restore its park", prove=request.park is FileState.PRESENT,
-                          park_first=park_first, target="park")
+            return _restore(slot, f"{why}: restore its park", prove=request.park is FileState.PRESENT,
+                            park_first=park_first, target="park")
         if request.project is not None and request.project_file is not FileState.MISSING:
-            return Action("restore", f"{why}, not parked: restore its project head",
-                          prove=request.project_file is FileState.PRESENT, park_first=park_first, target="proj")
+            return _restore(slot, f"{why}, not parked: restore its project head",
+                            prove=request.project_file is FileState.PRESENT, park_first=park_first, target="proj")
         if request.base is not None and request.base_file is not FileState.MISSING:
-            return Action("restore", f"{why}, not parked: restore its project head's shorter level",
-                          prove=request.base_file is FileState.PRESENT, park_first=park_first, target="base")
-        return _load_head(request, why=f"{why}, not parked", park_first=park_first, save_project=False)
+            return _restore(slot, f"{why}, not parked: restore its project head's shorter level",
+                            prove=request.base_file is FileState.PRESENT, park_first=park_first, target="base")
+        return _load_head(slot, request, why=f"{why}, not parked", park_first=park_first, save_project=False)
     return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
                   "left to the server's own cache")
 
@@ -167,29 +157,43 @@ def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) ->
         return Action("hit", "the slot holds exactly this project's head", target="proj")
     if request.project is not None and request.project_file is not FileState.MISSING:
         proven = request.project_file is FileState.PROVEN
-        return Action("restore", "a new session: restore its project head" + (" (proven here)" if proven else ""),
-                      prove=not proven, park_first=park_first, target="proj")
+        return _restore(slot, "a new session: restore its project head" + (" (proven here)" if proven else ""),
+                        prove=not proven, park_first=park_first, target="proj")
     if request.base is not None:  # the project head moved on (a commit): start from its shorter level
         if slot.known and slot.exact and slot.exact_key == request.base:
             return Action("hit", "the slot holds exactly this project head's shorter level", target="base",
                           save_project=wants_project)
         if request.base_file is not FileState.MISSING:
             proven = request.base_file is FileState.PROVEN
-            return Action("restore", "a new session: restore its project head's shorter level"
-                          + (" (proven here)" if proven else ""), prove=not proven, park_first=park_first,
-                          target="base", save_project=wants_project)
+            return _restore(slot, "a new session: restore its project head's shorter level"
+                            + (" (proven here)" if proven else ""), prove=not proven, park_first=park_first,
+                            target="base", save_project=wants_project)
     if slot.known and slot.holds_head == request.head:
         if slot.exact and slot.exact_key in (None, request.head):
             return Action("hit", "the slot holds exactly this head", save_project=wants_project)
         if not slot.partial_cache:
             return Action("hit", "the slot holds this head plus a turn; the transformer reuses the common prefix",
                           park_first=park_first, save_project=wants_project)
-    return _load_head(request, why="a new session", park_first=park_first, save_project=wants_project)
+    return _load_head(slot, request, why="a new session", park_first=park_first, save_project=wants_project)
 
 
-def _load_head(request: RequestFacts, *, why: str, park_first: bool, save_project: bool) -> Action:
-    if request.head_file is FileState.MISSING:
+def _load_head(slot: SlotFacts, request: RequestFacts, *, why: str, park_first: bool,
+               save_project: bool) -> Action:
+    if request.head_file is FileState.MISSING:  # a warm's own evaluation could load another
+        # conversation's cached prompt over a stashed occupant: it parks first, never stashes
         return Action("warm", f"{why}: first run of this head", park_first=park_first, save_project=save_project)
     proven = request.head_file is FileState.PROVEN
-    return Action("restore", f"{why}: restore the head" + (" (file proven on this server)" if proven else ""),
-                  prove=not proven, park_first=park_first, save_project=save_project)
+    return _restore(slot, f"{why}: restore the head" + (" (file proven on this server)" if proven else ""),
+                    prove=not proven, park_first=park_first, save_project=save_project)
+
+
+def _restore(slot: SlotFacts, why: str, *, park_first: bool, prove: bool, target: str = "head",
+             save_project: bool = False) -> Action:
+    """A restore, and what becomes of the occupant it displaces. A restore is a slot action,
+    which wipes the slot unstashed: where the server's RAM cache would take the occupant (room
+    to keep it), one unrelated token first makes the server stash it there (``clear_first``)
+    instead of a park to disk (``park_first``)."""
+    if park_first and slot.occupant_stashable and not slot.restarted:
+        return Action("restore", f"{why}; the slot's conversation goes to the server's RAM cache first",
+                      prove=prove, target=target, save_project=save_project, clear_first=True)
+    return Action("restore", why, prove=prove, park_first=park_first, target=target, save_project=save_project)

@@ -28,12 +28,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import xxhash
 
 from . import __version__
 from .ahead import AheadWriter, Idle, IdleSlots
 from .broker import SlotBroker
-from .conversation import Trail, follow, parse
+from .conversation import Trail, chain_id, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, SlotFileError, StoreError
@@ -420,7 +419,7 @@ class Preparer:
         if isinstance(head, Skip):  # a title or summary: nothing to load, but what it displaces is parked
             return self._side(head.reason, slot, deadline)
         server = self._identity(deadline)
-        conversation = session or _chain_id(parsed.digests)
+        conversation = session or chain_id(parsed.digests)
         if not server.model_files:
             raise OcpcError(
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
@@ -514,7 +513,7 @@ class Preparer:
         trail = replace(trail, session=session)
         seen = self._observe(slot, deadline=deadline)
         holding = seen.holding
-        conversation = session or _chain_id(trail.digests)
+        conversation = session or chain_id(trail.digests)
         if seen.restarted or holding is None or holding.conversation != conversation:
             return None
         self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
@@ -923,11 +922,6 @@ def _continues(previous: Trail, current: Trail) -> bool:
     if previous.session and current.session and previous.session != current.session:
         return False
     return previous.frame == current.frame and extends(previous.digests, current.digests)
-
-
-def _chain_id(digests: tuple[str, ...]) -> str:
-    """A conversation without a session id is named by its first two messages (system, first user)."""
-    return "chain-" + xxhash.xxh64_hexdigest("".join(digests[:2]).encode())
 
 
 __all__ = ["ACTIONS", "PrepareResult", "Preparer"]

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .broker import Ask, SlotBroker, Taken, chain_key, head_key, returning
+from .broker import Ask, SlotBroker, Taken, head_key, returning
+from .conversation import chain_of
 from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
 from .deadline import Deadline
@@ -357,7 +358,7 @@ class Proxy:
         side = isinstance(head, Skip)  # a title or summary: no conversation to keep a slot for
         return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw, sent_raw=sent_raw,
                         changes=bool(changes), stream=stream, session=session, n_slots=n_slots,
-                        conversation="" if side else (session or chain_key(chat)),
+                        conversation="" if side else (session or chain_of(chat_raw)),
                         slot=asked if client_slot else None,
                         head_key=head_key(head) if isinstance(head, Head) else "")
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from oc_prefix_cache.broker import Ask
 from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.errors import ConfigError
 from oc_prefix_cache.prepare import Preparer
 from oc_prefix_cache.settings import Settings
@@ -247,6 +249,38 @@ def test_reading_the_status_from_a_web_page_is_refused() -> None:
                 answer = httpx.get(f"{runner.url}{path}", headers=headers)
                 assert answer.status_code == 403, (path, headers, answer.text)
         assert httpx.get(f"{runner.url}/health").status_code == 200
+    finally:
+        runner.stop()
+
+
+@pytest.mark.rig
+def test_a_pinning_plugin_on_one_slot_holds_it_until_its_report(llama_server) -> None:
+    """`ocpc launch -np 1`: the plugin's prepare holds the one slot for its request until the
+    report, as on `-np N`, and leaves the body unpinned (one slot: nothing to name). A proxied
+    request meanwhile waits for the slot instead of preparing it under the plugin's request.
+    Before, on a single-slot server the daemon held nothing: the other front door cleared or
+    restored the slot while the plugin's request was on its way, and with 4 agents on `-np 1`
+    ocpc served fewer turns than plain llama-server (every prepare skipped or failed)."""
+    server = llama_server("qwen35")
+    runner = Daemon(settings=settings_for(server.url), port=0)
+    runner.start()
+    try:
+        broker = runner.preparer.broker
+        answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), timeout=120, headers={
+            "User-Agent": UA, "x-session-id": "ses_a", "Content-Type": "application/json", "x-ocpc-pin": "1"}).json()
+        assert answer["fingerprint"] and (answer["slot"], answer["pin"]) == (0, False), answer
+        assert broker.leases() == 1
+        proxied = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(0.5))
+        assert proxied.hold is None and proxied.why_not, proxied  # the plugin's request has the slot
+        broker.give_back(proxied)
+        timings = chat(server.url, capture(PROJ_A))
+        verdict = httpx.post(f"{runner.url}/v1/report", timeout=10, json={
+            "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
+            "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
+        assert verdict == "served" and broker.leases() == 0
+        after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(5))
+        assert after.hold is not None, after  # the report gave it back
+        broker.give_back(after)
     finally:
         runner.stop()
 

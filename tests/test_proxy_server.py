@@ -15,6 +15,7 @@ import pytest
 from .helpers import PROJ_A, PROJ_B, UA, capture
 from .test_proxy import proxy_for  # noqa: F401  (fixture)
 from .test_proxy import post
+from oc_prefix_cache.proxy import Bounds
 
 pytestmark = pytest.mark.rig
 END_AT_ONCE = ("--logit-bias", "151645+30")
@@ -47,6 +48,32 @@ def test_two_openai_conversations_alternate_on_their_own_slots(llama_server: Any
     for row in rows:
         if row["turn"] > 1:  # only the new exchange is processed, the rest is reused from its own slot
             assert row["rule"] == "own" and row["prompt_n"] < 60 and row["cache_n"] > 7000, row
+
+
+def test_conversations_without_a_session_id_keep_their_own_slots(llama_server: Any,
+                                                                 proxy_for: Any) -> None:  # noqa: F811
+    """Two conversations with no session id (a harness that sends none, such as pi), named by their
+    first messages. The slot choice and the prepare must give each one name: when they did not, a
+    conversation's next turn missed its own slot, took the other, and its prepare waited to its
+    deadline for a park of its own slot that nobody was going to write."""
+    server = llama_server("qwen35", ctx_size=65536, parallel=2, extra_args=END_AT_ONCE)
+    proxy = proxy_for(server.url, bounds=Bounds(prepare_s=20))
+    rows = []
+    for n in (1, 2, 3):
+        for name, body in (("P", capture(PROJ_A)), ("Q", capture(PROJ_B))):
+            started = time.monotonic()
+            response = post(proxy.url, turn(body, n), headers={"user-agent": UA}, timeout=300)
+            assert response.status_code == 200 and b'"timings"' in response.content
+            record = proxy.status()["recent"][-1]
+            rows.append({"conversation": name, "turn": n, "s": round(time.monotonic() - started, 1),
+                         **{k: record[k] for k in ("slot", "rule", "action", "ready_ms", "cache_n", "prompt_n")}})
+    print("\n" + "\n".join(json.dumps(row) for row in rows))
+    slots = {name: {r["slot"] for r in rows if r["conversation"] == name} for name in ("P", "Q")}
+    assert len(slots["P"]) == 1 and len(slots["Q"]) == 1 and slots["P"] != slots["Q"], rows
+    for row in rows:
+        if row["turn"] > 1:
+            assert (row["rule"], row["action"]) == ("own", "hit") and row["ready_ms"] < 5000, row
+            assert row["prompt_n"] < 60 and row["cache_n"] > 7000, row
 
 
 def test_a_client_that_goes_away_mid_stream_cancels_the_servers_task(llama_server: Any,
