@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-
 from . import __version__
 from .ahead import AheadWriter, Idle, IdleSlots
 from .broker import SlotBroker
