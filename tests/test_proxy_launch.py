@@ -47,7 +47,8 @@ def test_launch_serves_the_proxy_beside_the_daemon(models: Any, tmp_path: Path) 
     proxy_port = free_port()
     proc, port, daemon_port, log = launch(models, tmp_path, proxy_port)
     try:
-        assert f"ocpc proxy on http://127.0.0.1:{proxy_port}" in log.read_text().replace("\n", "")
+        ready = next(line for line in log.read_text().splitlines() if "ready:" in line)
+        assert f"ocpc proxy on http://127.0.0.1:{proxy_port}" in ready  # one line, grep-able
         proxy = f"http://127.0.0.1:{proxy_port}"
         assert httpx.get(f"{proxy}/health", timeout=5).json()["status"] == "ok"  # passed through
         answer = httpx.post(f"{proxy}/v1/chat/completions", timeout=60,
@@ -70,8 +71,9 @@ def test_a_proxy_that_cannot_start_does_not_take_down_the_server_and_daemon(mode
         proxy_port = taken.getsockname()[1]
         proc, port, daemon_port, log = launch(models, tmp_path, proxy_port)
         try:
-            text = log.read_text().replace("\n", "")
-            assert "the ocpc proxy did not start" in text and f"127.0.0.1:{proxy_port}" in text, text
+            text = log.read_text()
+            said = next(line for line in text.splitlines() if "the ocpc proxy did not start" in line)
+            assert f"127.0.0.1:{proxy_port}" in said, text
             assert "ready: llama-server pid" in text and proc.poll() is None
             assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
             assert httpx.get(f"http://127.0.0.1:{daemon_port}/health", timeout=5).status_code == 200
