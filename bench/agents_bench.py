@@ -186,6 +186,7 @@ class Point:
     server: dict[str, float] = field(default_factory=dict)  # its /metrics counters over the point
     ocpc: dict[str, int] = field(default_factory=dict)
     restart_errors: int = 0  # the server's own errors while a fault restarted it
+    server_cores: float | None = None  # the server's CPU time over the window / its length (not under a fault)
     fault: dict[str, Any] = field(default_factory=dict)
 
     def row(self, window: float) -> dict[str, Any]:
@@ -201,6 +202,7 @@ class Point:
                 "prefill_s": self.server.get("prompt_seconds_total"),
                 "decode_s": self.server.get("tokens_predicted_seconds_total"),
                 "decoded_tokens": self.server.get("tokens_predicted_total"),
+                "server_cores": self.server_cores,
                 "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
                 "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
                 "failures": self.failed[:5],
@@ -358,6 +360,16 @@ def server_counters(url: str) -> Counter[str]:
     return out
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """A process's CPU time so far (user + system, ``/proc``): how busy the server kept the
+    machine's cores, which says whether a slot that waits is compute lost (None off Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def start(binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...]) -> LlamaServer:
     config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=home / "slots",
                           ctx_size=CTX_PER_SLOT * n, parallel=n, extra_args=args)
@@ -479,9 +491,11 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
     server = start(binary, model, home, n=n, args=args)
     broke: Fault | None = None
     baseline: dict[str, Counter[str]] = {"server": Counter(), "counters": Counter()}
+    cpu: list[tuple[float, float | None]] = []  # (when, the server's CPU seconds) as the window opens
 
     def opened(launched: Launched | None) -> None:  # the window opens: counters from here, the fault in its middle
         baseline["server"] = server_counters(server.url)
+        cpu.append((time.monotonic(), cpu_seconds(server.pid)))
         if launched is not None:
             baseline["counters"] = launched.counters + launched.snapshot()
         if broke:
@@ -499,6 +513,9 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
             drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines), window=window, point=point,
                   fault=broke, warmup=warmup, on_start=lambda: opened(None))
         done = server_counters(server.url)
+        used = cpu_seconds(server.pid)
+        if cpu and cpu[0][1] is not None and used is not None and not broke:
+            point.server_cores = (used - cpu[0][1]) / (time.monotonic() - cpu[0][0])
         done.update(broke.before if broke else Counter())
         point.server = {key: done[key] - baseline["server"][key] for key in _COUNTERS}
         point.processed_total = point.server["prompt_tokens_total"]
@@ -533,13 +550,14 @@ def _share(turns: list[Turn]) -> float | None:
 
 def render(rows: list[dict[str, Any]]) -> None:
     print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
-          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8}")
+          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5}")
     for r in rows:
         def f(key: str, fmt: str = "7.1f") -> str:
             return format(r[key], fmt) if r[key] is not None else "-".rjust(int(fmt.split(".")[0]))
         print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s')} {f('turn_p95_s')} "
               f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
-              f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')}")
+              f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')} "
+              f"{f('server_cores', '5.2f')}")
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
