@@ -23,7 +23,6 @@ sys.modules["agents_bench"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
 WINDOW = sized(60, 40)  # seconds of turns after the first requests (OCPC_FULL_TESTS=1: a minute)
-TURNS = sized(6, 4)  # at least this many turns in the window, over all agents
 
 
 def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
@@ -48,7 +47,8 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
         busy = broker.table.snapshot()
         leases = broker.leases()
     assert not point.failed, point.failed
-    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"} and len(point.turns) >= TURNS
+    # both front doors served turns (not a count in the window: speed lives in bench/)
+    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"}, point.turns
     assert counters.get("report_missed", 0) == 0, counters  # no false hit, no wrong park
     assert counters.get("report_served", 0) >= len(point.turns) - 3, counters  # the plugin's reports too
     # displaced conversations come back from the server's RAM cache or from their parks
