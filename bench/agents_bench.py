@@ -74,7 +74,7 @@ from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.server_info import model_family  # noqa: E402
+from oc_prefix_cache.server_info import model_family, stat_fields  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
 from tests import workload  # noqa: E402
 
@@ -363,10 +363,10 @@ def server_counters(url: str) -> Counter[str]:
 def cpu_seconds(pid: int | None) -> float | None:
     """A process's CPU time so far (user + system, ``/proc``): how busy the server kept the
     machine's cores, which says whether a slot that waits is compute lost (None off Linux)."""
+    fields = stat_fields(pid) if pid is not None else None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields is not None else None
+    except (ValueError, IndexError):  # fields 14 and 15: utime, stime
         return None
 
 

@@ -214,15 +214,21 @@ def server_command(url: str, *, runtime: dict[str, Any] | None = None
     return (_absolute_files(full, cwd) if cwd is not None else full), process
 
 
-def process_start(pid: int) -> int | None:
-    """The process's start time (/proc/PID/stat field 22), or None when it is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (the state) on, or None when the process is gone. The fields
+    are read after the *last* ")": a command name may hold spaces and parentheses."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state is field 3
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time (/proc/PID/stat field 22), or None when it is gone."""
+    fields = stat_fields(pid)
     try:
-        return int(fields[19])
+        return int(fields[19]) if fields is not None else None
     except (IndexError, ValueError):
         return None
 
@@ -495,10 +501,10 @@ def local_servers() -> dict[int, str]:
 
 
 def _parent(pid: int) -> int | None:
+    fields = stat_fields(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rfind(")") + 2:].split()[1])
-    except (OSError, IndexError, ValueError):
+        return int(fields[1]) if fields is not None else None
+    except (IndexError, ValueError):
         return None
 
 
