@@ -34,7 +34,10 @@ The rules, in order:
      which the server stashes the occupant, and then it swaps (``clear_first``); the occupant
      is parked to disk first only when the RAM cache has no room to keep it;
    - in a slot whose contents ocpc cannot vouch for: leave it alone (``skip``); a restore
-     would wipe live state ocpc cannot park, and the server's own cache decides.
+     would wipe live state ocpc cannot park, and the server's own cache decides. What the
+     request leaves there is its own, so its report binds the slot to it (``adopt``): without
+     that, a slot forgotten once (a prepare failed open under load) stayed unknown for every
+     later turn of every conversation going on, and ocpc served none of them.
 5. Before anything replaces (or, on a transformer, truncates) another conversation that
    ocpc knows is in the slot, and whose unsaved tail is worth it, that conversation is
    parked first (``park_first``), unless the server's RAM cache already holds it whole (it
@@ -106,6 +109,9 @@ class Action:
     # one unrelated token evaluated in the slot first: the server stashes the occupant in its RAM cache
     # for it (a restore, a slot action, would wipe it unstashed), and target "ram" is then swapped in
     clear_first: bool = False
+    # skip: the request runs pinned over contents ocpc cannot vouch for and leaves only its own prompt and
+    # reply there, so its report may bind the slot to its conversation (ocpc learns the slot again)
+    adopt: bool = False
 
 
 def decide(slot: SlotFacts, request: RequestFacts) -> Action:
@@ -146,7 +152,7 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                             prove=request.base_file is FileState.PRESENT, park_first=park_first, target="base")
         return _load_head(slot, request, why=f"{why}, not parked", park_first=park_first, save_project=False)
     return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
-                  "left to the server's own cache")
+                  "left to the server's own cache (its report tells ocpc what the slot holds then)", adopt=True)
 
 
 def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) -> Action:

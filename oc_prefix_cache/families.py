@@ -83,6 +83,17 @@ class CacheFacts:
         return self.family is not Family.TRANSFORMER
 
     @property
+    def checkpointed_entries(self) -> bool:
+        """Whether the server's RAM prompt cache entries carry context checkpoints besides the
+        slot's state (``server_prompt_cache_state::size``): the server checkpoints hybrids and SWA
+        models without ``--swa-full``, never a transformer or an SWA model with it (b11434,
+        ``do_checkpoint``). Checkpointed entries are larger than their tokens' state by an amount
+        ocpc cannot see, so ``ramtier`` counts on less of the limit. Unknown flags or family: True."""
+        if self.family is Family.TRANSFORMER:
+            return False
+        return not (self.family is Family.SWA and self.swa_full)
+
+    @property
     def restores_serve(self) -> str | None:
         """Why no restore can serve on this server, with the fix; None when they can (or
         when it cannot be told from the flags: the gates and reports then find out)."""

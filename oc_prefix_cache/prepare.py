@@ -233,6 +233,11 @@ class Preparer:
         if record is not None and record.action == "side":  # proves nothing; the slot holds nothing to keep
             verdict = "side"
             self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
+        elif record is not None and record.action == "skipped":  # proves nothing; adopts the slot when the
+            if predicted_n is not None:  # token counts say exactly what the request left there
+                verdict = "adopted"
+                self._count("adopted")
+                self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
         elif record is not None:
             served = served_from_head(cache_n=cache_n, prefix_tokens=record.expected)
             verdict = "served" if served else "missed"
@@ -391,8 +396,7 @@ class Preparer:
             self.ram.follow(action, slot, seen, plan.request_tokens, facts.conversation)
             self.ram.runs(slot, plan.request_tokens, epoch=seen.epoch)
             if action.kind == "skip":  # the slot as observed stays recorded (observe did that)
-                return PrepareResult("skipped", plan.fingerprint, reason=action.reason,
-                                     tools_in_head=plan.tools_in_head)
+                return self._skip(action, facts, slot, seen)
             loaded, holding, parked = self._act(action, facts, slot, seen, deadline=deadline, ram_tokens=in_ram)
         # the head is under whatever the slot now holds (a project head, a park): it is used too
         self.usage.note(plan.fingerprint, slot=slot_key(self.server, slot))
@@ -402,6 +406,21 @@ class Preparer:
         return self._answer(loaded.done.action, plan.fingerprint, loaded.expected, reason, slot=slot,
                             epoch=seen.epoch, conversation=facts.conversation, file=loaded.file, split=plan.split,
                             tools_in_head=plan.tools_in_head, stored=holding.stored, source=loaded.source)
+
+    def _skip(self, action: Action, facts: _Facts, slot: int, seen: Seen) -> PrepareResult:
+        """The slot is left to the server. Where the decision says the request's report may adopt
+        the slot (``Action.adopt``), its trail goes on the slot and its prepare is recorded, so the
+        report binds the slot to the conversation as a served request's does."""
+        if not action.adopt:
+            return PrepareResult("skipped", facts.plan.fingerprint, reason=action.reason,
+                                 tools_in_head=facts.plan.tools_in_head)
+        self.tracker.leave(self.server, slot, None, trail=facts.trail, epoch=seen.epoch)
+        prepare_id = self.records.keep(Record(slot=slot, epoch=seen.epoch, action="skipped",
+                                              fingerprint=facts.plan.fingerprint, expected=0,
+                                              conversation=facts.conversation, file="", planned_split=False,
+                                              stored=0))
+        return PrepareResult("skipped", facts.plan.fingerprint, reason=action.reason,
+                             tools_in_head=facts.plan.tools_in_head, prepare_id=prepare_id)
 
     def _gather(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
                 head_of: HeadRule) -> _Facts | PrepareResult:
@@ -814,9 +833,12 @@ class Preparer:
         return process is not None and process_start(process[0]) == process[1]
 
     def _identity(self, deadline: Deadline) -> ServerIdentity:
-        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process)."""
-        return gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(), deadline=deadline,
-                               lora=self.lora, epoch=self.tracker.epoch(self.server))
+        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process).
+        The RAM tier learns the model's cache family from it (what its RAM entries carry)."""
+        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(), deadline=deadline,
+                                 lora=self.lora, epoch=self.tracker.epoch(self.server))
+        self.ram.learn(server.cache)
+        return server
 
     def _server_argv(self) -> list[str] | None:
         """The server's command line (for its KV-relevant flags) and its process (the restart

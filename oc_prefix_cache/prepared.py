@@ -24,7 +24,7 @@ class Record:
 
     slot: int
     epoch: int
-    action: str
+    action: str  # the prepare's action; "side" (a title's), "skipped" only where its report may adopt the slot
     fingerprint: str
     expected: int  # tokens the real request should reuse
     conversation: str

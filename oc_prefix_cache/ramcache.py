@@ -30,17 +30,24 @@ from dataclasses import dataclass
 
 #: b11434's ``--cache-ram`` default, in MiB (``-1``: no limit, ``0``: off).
 DEFAULT_CACHE_RAM_MIB = 8192
-#: The share of the RAM cache's limit ocpc counts on: the server's entries are not a fixed size per
-#: token (measured on Gemma 3: 637 tokens 9.4 MiB, 2,306 tokens 14.3 MiB) and may carry context
-#: checkpoints, so the bytes per token learned from slot saves only estimate what it keeps.
+#: The share of the RAM cache's limit ocpc counts on where the server's entries carry context
+#: checkpoints (hybrids; SWA models without ``--swa-full``): an entry is its slot's state plus a
+#: copy of each checkpoint (``server_prompt_cache_state::size``), so it is not a fixed size per
+#: token (measured on Gemma 3 without ``--swa-full``: 637 tokens 9.4 MiB, 2,306 tokens 14.3 MiB),
+#: and the bytes per token learned from slot saves only estimate what the cache keeps.
 RAM_FILL = 0.6
+#: ... and where they carry none (plain transformers; SWA models with ``--swa-full``, which the
+#: server then treats as a transformer and never checkpoints): an entry is the slot's state, the
+#: bytes a slot save writes (``llama_state_seq_get_data``), so the estimate is near exact; the
+#: margin is for entries ocpc does not model (another client's, a head copied from an idle slot).
+RAM_FILL_NO_CHECKPOINTS = 0.9
 
 
-def _believed(capacity: int | None) -> int | None:
-    """The tokens ocpc believes the RAM cache keeps: ``RAM_FILL`` of its limit (None: no limit).
+def _believed(capacity: int | None, fill: float) -> int | None:
+    """The tokens ocpc believes the RAM cache keeps: ``fill`` of its limit (None: no limit).
     The model errs towards "evicted": it then restores a park or a head where RAM may still have
     served, never expects from RAM what the server already dropped."""
-    return None if capacity is None else int(RAM_FILL * capacity)
+    return None if capacity is None else int(fill * capacity)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -108,7 +115,8 @@ class RamModel:
         self._epoch = -1
         self._entries: OrderedDict[str, int] = OrderedDict()
 
-    def stashed(self, conversation: str, tokens: int, *, epoch: int, capacity: int | None) -> None:
+    def stashed(self, conversation: str, tokens: int, *, epoch: int, capacity: int | None,
+                fill: float = RAM_FILL) -> None:
         """The server copied ``conversation`` (``tokens`` long) from a slot to its RAM cache: when a
         request ran over it (``get_available_slot``), or, with ``--cache-idle-slots`` (the default),
         when any completion task started while its slot sat idle. As ``server_prompt_cache::alloc``
@@ -125,7 +133,7 @@ class RamModel:
             if capacity is not None and tokens > capacity:
                 return  # the server skips an entry over its whole limit
             self._entries[conversation] = tokens
-            limit = _believed(capacity)
+            limit = _believed(capacity, fill)
             while limit is not None and sum(self._entries.values()) > limit:
                 self._entries.popitem(last=False)
 
@@ -141,21 +149,21 @@ class RamModel:
             self._same_process(epoch)
             self._entries.pop(conversation, None)
 
-    def over(self, capacity: int | None, *, live: int, epoch: int) -> bool:
+    def over(self, capacity: int | None, *, live: int, epoch: int, fill: float = RAM_FILL) -> bool:
         """Whether the RAM cache cannot keep every displaced conversation plus ``live`` more
         tokens (the slots' conversations, each displaced sooner or later): pressure, when
         the conversations parked ahead on disk are the ones that come back served."""
-        limit = _believed(capacity)
+        limit = _believed(capacity, fill)
         if not limit:  # unlimited; or off or unknown: the old rule (ahead.py)
             return False
         with self._lock:
             self._same_process(epoch)
             return sum(self._entries.values()) + live > limit
 
-    def room(self, capacity: int | None, *, tokens: int, epoch: int) -> bool:
+    def room(self, capacity: int | None, *, tokens: int, epoch: int, fill: float = RAM_FILL) -> bool:
         """Whether ``tokens`` more fit in what the model believes the cache keeps: a conversation
         left to the RAM cache (not parked to disk) must not be the next one the server evicts."""
-        limit = _believed(capacity)
+        limit = _believed(capacity, fill)
         if limit is None:
             return True
         with self._lock:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from .deadline import Deadline
 from .decision import Action
-from .ramcache import RamLimit, RamModel, swaps_from_ram
+from .families import CacheFacts
+from .ramcache import RAM_FILL, RAM_FILL_NO_CHECKPOINTS, RamLimit, RamModel, swaps_from_ram
 from .server_info import flag_value
 from .slot_client import SlotClient
 from .conversation import Trail
@@ -59,6 +60,19 @@ class RamTier:
         # before a graceful stop empties the cache (``parkable``)
         self._kept: dict[str, tuple[int, Holding, Trail]] = {}
         self._tokens_for_clear: tuple[int, tuple[int, int]] | None = None  # (epoch, tokens): ``clear``
+        self._fill = RAM_FILL  # the share of the limit counted on, until a prepare reads the family (``learn``)
+
+    @property
+    def fill(self) -> float:
+        """The share of the server's limit the model counts on (``ramcache.RAM_FILL*``)."""
+        return self._fill
+
+    def learn(self, cache: CacheFacts) -> None:
+        """The model's cache family and flags, as a prepare read them: how much of the limit the
+        model counts on. Measured at K = 16 agents on 2 slots (Gemma 3, ``--swa-full``): counting on
+        60% there took conversations the server still held for gone, and each came back from its
+        head, re-processing its turns."""
+        self._fill = RAM_FILL if cache.checkpointed_entries else RAM_FILL_NO_CHECKPOINTS
 
     def capacity(self) -> int | None:
         """Tokens the server's RAM prompt cache holds (None: unlimited; 0: off or not known: a
@@ -100,8 +114,8 @@ class RamTier:
             return False, False
         capacity = self.capacity()
         whole = (self.model.holds(holding.conversation, epoch=seen.epoch) >= holding.n_tokens
-                 and self.model.room(capacity, tokens=0, epoch=seen.epoch))
-        return whole, self.model.room(capacity, tokens=holding.n_tokens, epoch=seen.epoch)
+                 and self.model.room(capacity, tokens=0, epoch=seen.epoch, fill=self._fill))
+        return whole, self.model.room(capacity, tokens=holding.n_tokens, epoch=seen.epoch, fill=self._fill)
 
     def clear(self, slot: int, request: tuple[int, ...], *, deadline: Deadline) -> None:
         """One token the request does not start with, evaluated in ``slot``: the server stashes
@@ -160,7 +174,8 @@ class RamTier:
             self._stashed(holding, self.tracker.trail(self.server, other), epoch)
 
     def _stashed(self, holding: Holding, trail: Trail | None, epoch: int) -> None:
-        self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity())
+        self.model.stashed(holding.conversation, holding.n_tokens, epoch=epoch, capacity=self.capacity(),
+                           fill=self._fill)
         held = self.model.entries(epoch=epoch)
         with self._guard:
             if trail is not None and held.get(holding.conversation, 0) >= holding.n_tokens:
@@ -177,4 +192,4 @@ class RamTier:
 
     def over(self, live: int) -> bool:
         """Whether the RAM cache cannot keep every displaced conversation plus ``live`` tokens."""
-        return self.model.over(self.capacity(), live=live, epoch=self.tracker.epoch(self.server))
+        return self.model.over(self.capacity(), live=live, epoch=self.tracker.epoch(self.server), fill=self._fill)

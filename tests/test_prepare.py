@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache.conversation import parse
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.files import file_lock
 from oc_prefix_cache.prepare import Preparer, PrepareResult
@@ -273,10 +274,13 @@ def test_another_models_file_renamed_to_this_fingerprint_is_rejected(prep) -> No
     assert_served(chat(server.url, capture(PROJ_B)), result)
 
 
-def test_the_report_of_a_skipped_prepare_binds_nothing(prep) -> None:
+def test_the_report_of_a_skipped_prepare_binds_only_its_own_conversation(prep) -> None:
     """Issue 17's defect: a skipped prepare answered a fingerprint with no prepare_id; the
     plugin reported it, and the report was matched to the latest prepare of that head,
-    another conversation's, binding the slot to it (its next turn a false hit)."""
+    another conversation's, binding the slot to it (its next turn a false hit). A skip over a
+    slot ocpc cannot vouch for now adopts the slot for the request's own conversation, and only
+    when the report's token counts match the slot exactly (an old plugin's report, without the
+    generated count, binds nothing)."""
     server, rig = prep("qwen35")
     first, _ = rig.turn(PROJ_A, session="ses_a")
     rig.preparer.tracker.forget(rig.url, 0, "the test: ocpc cannot vouch for the slot")
@@ -287,6 +291,38 @@ def test_the_report_of_a_skipped_prepare_binds_nothing(prep) -> None:
                                   prompt_n=timings.prompt_n, prepare_id=skipped.prepare_id)
     assert verdict["verdict"] == "unknown", verdict
     assert rig.preparer.tracker.holding(rig.url, 0) is None  # the slot is not believed to hold ses_a
+    rig.preparer.tracker.forget(rig.url, 0, "the test: ocpc cannot vouch for the slot")
+    skipped = rig.prepare(PROJ_A_TURN2, session="ses_x")
+    timings = chat(server.url, capture(PROJ_A_TURN2))
+    verdict = rig.preparer.report(fingerprint=skipped.fingerprint or "", cache_n=timings.cache_n,
+                                  prompt_n=timings.prompt_n, prepare_id=skipped.prepare_id,
+                                  predicted_n=timings.predicted_n)
+    assert verdict["verdict"] == "adopted", verdict
+    holding = rig.preparer.tracker.holding(rig.url, 0)
+    assert holding is not None and holding.conversation == "ses_x", holding
+
+
+@BOTH
+def test_a_slot_forgotten_under_load_is_learned_again_from_its_next_request(prep, model: str) -> None:
+    """A prepare that fails open under load forgets its slot (ocpc cannot vouch for what a
+    half-done action left). The conversation's next turn is skipped there, and was skipped on
+    every later turn too: in a K = 16 agents ramp after a slow warm-up ocpc skipped all 44 of its
+    window's prepares and served 1.04x plain's turns, against ~2x. Its report now adopts the
+    slot, so the turn after is a hit again, served with only its new tokens."""
+    server, rig = prep(model)
+    rig.turn(PROJ_A, session="ses_a")
+    rig.preparer.tracker.forget(rig.url, 0, "the test: a prepare failed part-way")  # the fault
+    skipped, timings = rig.turn(PROJ_A_TURN2, session="ses_a")
+    assert skipped.action == "skipped" and "cannot vouch" in skipped.reason, skipped
+    assert rig.preparer.stats.counters["adopted"] == 1
+    sent = capture_bytes(PROJ_A_TURN2)  # the next turn as a harness sends it: the same bytes, two messages on
+    end = parse(sent.decode()).msg_end
+    raw = (sent[:end] + b', {"role": "assistant", "content": "The tests pass now."}, '
+           b'{"role": "user", "content": "Then commit it."}' + sent[end:])
+    third = rig.preparer.prepare(raw, {"User-Agent": UA, "x-session-id": "ses_a"})
+    assert third.action == "hit" and third.source == "slot", third
+    after = chat(server.url, json.loads(raw))
+    assert after.cache_n >= 0.9 * (timings.cache_n + timings.prompt_n), (after, timings)
 
 
 def test_reported_misses_only_make_the_file_prove_itself_again(prep) -> None:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.families import CacheFacts, Family
 from oc_prefix_cache.ramtier import RamTier
 from oc_prefix_cache.tracker import Holding, Observation, Seen, SlotTracker
 
@@ -75,3 +76,41 @@ def test_asking_where_a_conversation_is_counts_nothing() -> None:
     where = ram.where("a", seen, 0, tuple(range(880)) + (7,) * 20)
     assert where.held == 800 and not where.here  # the server would keep the shared prefix instead
     assert counts == Counter() and client.calls == []
+
+
+def test_the_share_of_the_limit_counted_on_follows_what_the_entries_carry() -> None:
+    """A server that checkpoints (a hybrid, an SWA model without ``--swa-full``) stores each
+    entry with copies of its checkpoints, so the tier counts on 60% of the limit; a transformer's
+    entries, or an SWA model's with ``--swa-full``, are the slot's state alone, and counting on 60%
+    there took conversations the server still held for gone (K = 16 agents on 2 slots, Gemma 3:
+    each came back from its head and re-processed its turns). 12 conversations of 700 tokens in a
+    10,485-token cache (80% of it)."""
+    tracker, counts, client = SlotTracker(), Counter[str](), Recorder()
+    ram = RamTier(server=SERVER, client=client, tracker=tracker,  # type: ignore[arg-type]
+                  argv=lambda: ["llama-server", "--cache-ram", "1"], bytes_per_token=lambda: 100.0,
+                  busy=set, count=lambda name: counts.update([name]))
+    assert ram.capacity() == 10485
+    left = Observation(id_task=3, n_tokens=700, n_processed=10, n_cached=690)
+    occupant = Holding("conv", "c11", "h", 700, False, left, conversation="c11")
+    seen = Seen(now=left, restarted=False, holding=occupant, trail=None, epoch=0)
+
+    def stash_eleven() -> dict[str, int]:
+        ram.model.loaded("c11", epoch=0)
+        for i in range(11):
+            ram.model.stashed(f"c{i}", 700, epoch=0, capacity=ram.capacity(), fill=ram.fill)
+        return ram.model.entries(epoch=0)
+
+    for facts in (CacheFacts(Family.SWA, swa_full=True, checkpoints=32), CacheFacts(Family.TRANSFORMER)):
+        ram.learn(facts)
+        assert len(stash_eleven()) == 11  # all kept
+        assert ram.keeps_occupant(seen) == (False, True)  # the twelfth has room: no park to disk
+        assert not ram.over(700)
+    for facts in (CacheFacts(Family.HYBRID, checkpoints=32), CacheFacts(Family.SWA, swa_full=False),
+                  CacheFacts(Family.UNKNOWN)):
+        ram = RamTier(server=SERVER, client=client, tracker=tracker,  # type: ignore[arg-type]
+                      argv=lambda: ["llama-server", "--cache-ram", "1"], bytes_per_token=lambda: 100.0,
+                      busy=set, count=lambda name: counts.update([name]))
+        ram.learn(facts)
+        assert len(stash_eleven()) == 8  # 6,291 tokens counted on: the oldest three taken for gone
+        assert ram.keeps_occupant(seen) == (False, False)  # no room: parked to disk first
+        assert ram.over(700)
