@@ -68,9 +68,12 @@ class Taken:
     why_not: str = ""  # why the slot's lock was not had (then the request goes on unprepared)
     at: float = field(default_factory=time.monotonic)  # taken; once lent, when lent
     idle_since: float | None = None  # a lease's slot first seen idle (``reclaim``)
+    task_at: int | None = None  # once lent: the newest task ocpc had seen in the slot (``reclaim``)
     returned: bool = False
 
 
+#: A lease whose request has not started in its slot (no new task there) is kept this long.
+UNSTARTED_S = 120.0
 UNKNOWN_SLOTS_RETRY_S = 1.0  # a slot count that could not be read is asked again after this long
 
 
@@ -173,6 +176,7 @@ class SlotBroker:
         look stale before the plugin has even sent its request."""
         with self._freed:
             taken.at = time.monotonic()
+            taken.task_at = self.tracker.last_task(self.server, taken.slot)
             self._leases[prepare_id] = taken
 
     def returned(self, prepare_id: str) -> bool:
@@ -184,15 +188,27 @@ class SlotBroker:
         self.give_back(taken)
         return True
 
-    def reclaim(self, idle: Callable[[int], bool], *, now: float | None = None) -> int:
+    def reclaim(self, idle: Callable[[int], bool], *, now: float | None = None,
+                task: Callable[[int], int | None] = lambda slot: None) -> int:
         """Take back leases whose report is not coming: older than ``LEASE_GRACE_S`` and their slot
         shown idle by the server on two looks ``IDLE_LOOKS_S`` apart (one idle look can fall between
-        the answer's end and its report). ``idle(slot)``: the server's own view. Returns how many."""
+        the answer's end and its report). ``idle(slot)``: the server's own view. Returns how many.
+
+        ``task(slot)``: the server's newest task id in the slot. While it is still the one ocpc saw
+        when it lent the slot, the plugin's request has not started there: it is on its way or in
+        the server's queue (a loaded CPU server starts it only at its next batch, seconds away), so
+        an idle slot says nothing about its report until ``UNSTARTED_S``. Measured: a lease taken
+        back 15 s after a prepare while the server prefilled another slot's 1,885-token warm."""
         now = time.monotonic() if now is None else now
         with self._freed:
             old = [t for t in self._leases.values() if now - t.at >= LEASE_GRACE_S]
         back = 0
         for taken in old:
+            newest = task(taken.slot)
+            unstarted = newest is not None and taken.task_at is not None and newest <= taken.task_at
+            if unstarted and now - taken.at < UNSTARTED_S:
+                taken.idle_since = None
+                continue
             if not idle(taken.slot):
                 taken.idle_since = None
             elif taken.idle_since is None:

@@ -223,6 +223,12 @@ class SlotTracker:
                 log.debug("forgetting what %s slot %d holds: %s", server, slot, why)
                 slot_state.holding, slot_state.trail = None, None
 
+    def last_task(self, server: str, slot: int) -> int | None:
+        """The newest task id seen in the slot on this server process (None: none yet)."""
+        with self._guard:
+            slot_state = self._server(server).slots.get(slot)
+            return slot_state.last_task if slot_state is not None else None
+
     def holding(self, server: str, slot: int) -> Holding | None:
         with self._guard:
             slot_state = self._server(server).slots.get(slot)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from oc_prefix_cache.broker import IDLE_LOOKS_S, LEASE_GRACE_S, Ask, SlotBroker
+from oc_prefix_cache.broker import IDLE_LOOKS_S, LEASE_GRACE_S, UNSTARTED_S, Ask, SlotBroker
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.tracker import SlotTracker
+from oc_prefix_cache.tracker import Observation, SlotTracker
 
 SERVER = "http://127.0.0.1:9"
 
@@ -59,6 +59,31 @@ def test_a_lease_after_a_long_prepare_is_not_reclaimed_before_the_request_is_sen
     b.lend("p-1", taken)
     assert b.reclaim(lambda slot: True) == 0 and b.reclaim(lambda slot: True, now=time.monotonic() + IDLE_LOOKS_S) == 0
     assert b.leases() == 1
+
+
+def test_a_lease_whose_request_has_not_started_in_its_slot_is_kept() -> None:
+    """The plugin's request is pinned to the slot lent; on a loaded CPU server it starts only at
+    the server's next batch, so the slot can look idle for seconds with the request in the queue.
+    Two idle looks took such a lease back 15 s after its prepare (test_agents, while the server
+    prefilled a 1,885-token warm in another slot), and the slot went to another conversation.
+    While the slot shows no task newer than when it was lent, the lease is kept (up to
+    ``UNSTARTED_S``); once a newer task ran there and the slot is idle, the report is due."""
+    b = broker()
+    b.tracker.observe(SERVER, 0, Observation(id_task=7, n_tokens=2000, n_processed=0, n_cached=0))
+    taken = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
+    assert taken.slot == 0
+    b.lend("p-1", taken)
+    now = time.monotonic()
+    looks = [now + LEASE_GRACE_S, now + LEASE_GRACE_S + IDLE_LOOKS_S + 1]
+    assert [b.reclaim(lambda slot: True, now=t, task=lambda slot: 7) for t in looks] == [0, 0]
+    assert b.leases() == 1  # not started: kept
+    late = [now + UNSTARTED_S, now + UNSTARTED_S + IDLE_LOOKS_S + 1]
+    assert [b.reclaim(lambda slot: True, now=t, task=lambda slot: 7) for t in late] == [0, 1]  # never sent
+    again = b.take(Ask("ses_oc", n_slots=2), deadline=Deadline.after(1))
+    b.lend("p-2", again)
+    now = time.monotonic()
+    looks = [now + LEASE_GRACE_S + 0.1, now + LEASE_GRACE_S + IDLE_LOOKS_S + 1]
+    assert [b.reclaim(lambda slot: True, now=t, task=lambda slot: 9) for t in looks] == [0, 1]  # ran: report due
 
 
 def test_a_conversations_next_prepare_takes_back_its_own_unreported_lease() -> None:
