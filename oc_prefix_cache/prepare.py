@@ -322,9 +322,8 @@ class Preparer:
         except OcpcError:
             return
         idle = {s.get("id"): not s.get("is_processing") for s in slots if isinstance(s, dict)}
-        tasks = {s.get("id"): s.get("id_task") for s in slots if isinstance(s, dict)}
-        if self.broker.reclaim(lambda slot: idle.get(slot) is True,
-                               task=lambda slot: task if isinstance(task := tasks.get(slot), int) else None):
+        tasks = {s.get("id"): s["id_task"] for s in slots if isinstance(s, dict) and isinstance(s.get("id_task"), int)}
+        if self.broker.reclaim(lambda slot: idle.get(slot) is True, task=tasks.get):
             self._count("lease_reclaimed")
 
     def count(self, key: str) -> None:
