@@ -181,6 +181,7 @@ class Point:
     k: int
     n: int
     turns: list[Turn] = field(default_factory=list)
+    late: list[Turn] = field(default_factory=list)  # turns that ended after the window (not counted)
     failed: list[str] = field(default_factory=list)
     processed_total: float = 0.0  # the server's own counter over the point
     server: dict[str, float] = field(default_factory=dict)  # its /metrics counters over the point
@@ -283,14 +284,18 @@ def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
 
 
 def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fault: Any = None,
-          warmup: bool = False, on_start: Callable[[], None] | None = None) -> None:
+          warmup: bool = False, on_start: Callable[[], None] | None = None,
+          together: threading.Barrier | None = None) -> None:
     """Every agent in its own thread until the window ends; turns ending later are not counted.
 
     ``warmup``: each agent's first request (its session's start) is answered before the window
     opens, all at once, and not counted: the window measures the turns of sessions under way.
     On a slow machine (this one prefills Gemma at ~120 tokens/s on some days, ~550 on others) a
     window would otherwise hold mostly first requests, which no cache can shorten by much.
-    ``on_start``: called when the window opens (the counters' baseline)."""
+    ``on_start``: called when the window opens (the counters' baseline). ``together``: drives
+    run side by side (two ocpc processes on one server) open their windows at once, after every
+    first request of every drive: otherwise one drive's window can pass while the other's first
+    requests still fill the server."""
     guard = threading.Lock()
     if warmup:
         def first(agent: Agent) -> None:
@@ -306,6 +311,8 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
             thread.start()
         for thread in starts:
             thread.join(3600)
+    if together is not None:
+        together.wait(3600)
     if on_start is not None:
         on_start()
     end = time.monotonic() + window
@@ -329,9 +336,8 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
                         with guard:
                             point.failed.append(f"{agent.name}: {type(exc).__name__}: {exc}"[:300])
                     return
-                if turn.ended <= end:
-                    with guard:
-                        point.turns.append(turn)
+                with guard:
+                    (point.turns if turn.ended <= end else point.late).append(turn)
                 time.sleep(rng.uniform(3, 10))  # the tool runs; the agent holds no request
 
     threads = [threading.Thread(target=loop, args=(a,), daemon=True) for a in agents]
