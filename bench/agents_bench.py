@@ -72,6 +72,7 @@ from oc_prefix_cache.proxy_server import ProxyServer  # noqa: E402
 from oc_prefix_cache.relay import learn  # noqa: E402
 from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
+from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.server_info import model_family, stat_fields  # noqa: E402
@@ -699,4 +700,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache import ahead  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
+from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
 from oc_prefix_cache.tinymodels import FAT, ensure_model  # noqa: E402
@@ -179,4 +180,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

@@ -32,6 +32,7 @@ from oc_prefix_cache.anthropic import to_chat  # noqa: E402
 from oc_prefix_cache.harness.base import Incoming  # noqa: E402
 from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
+from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
@@ -112,4 +113,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

@@ -72,7 +72,7 @@ from oc_prefix_cache.demo import (
 )
 from oc_prefix_cache.errors import OcpcError, ProcessError
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.process import Supervised
+from oc_prefix_cache.process import Supervised, stop_on_sigterm
 from oc_prefix_cache.rig import ensure_rig
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slotfile import FILE_RE
@@ -414,4 +414,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

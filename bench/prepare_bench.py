@@ -63,7 +63,7 @@ from oc_prefix_cache.demo import (
     report_over_http, restart_fresh, run_round, server_threads, summarize, timed_chat,
 )
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.process import Supervised
+from oc_prefix_cache.process import Supervised, stop_on_sigterm
 from oc_prefix_cache.rig import Rig, ensure_rig
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
@@ -470,4 +470,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

@@ -375,4 +375,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from oc_prefix_cache.process import stop_on_sigterm
+
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     main()

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache.llama_process import free_port  # noqa: E402
-from oc_prefix_cache.process import Supervised  # noqa: E402
+from oc_prefix_cache.process import Supervised, stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.proxy import Bounds, Proxy  # noqa: E402
 from oc_prefix_cache.proxy_server import ProxyServer, build_preparer  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
@@ -202,4 +202,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_group  # noqa: E402
+from oc_prefix_cache.process import stop_group, stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.server_info import model_family  # noqa: E402
@@ -544,4 +544,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     sys.exit(main())

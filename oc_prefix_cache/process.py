@@ -130,6 +130,19 @@ def stop_group(proc: subprocess.Popen[bytes], *, grace: float) -> int | None:
         return proc.wait(timeout=10)
 
 
+def stop_on_sigterm() -> None:
+    """From the main thread: SIGTERM (a CI timeout, ``timeout``, a supervisor) ends this process
+    as Ctrl-C does, by raising KeyboardInterrupt, so its ``finally`` blocks and pytest's fixture
+    teardowns run and stop the children they started by PID. By default SIGTERM ends Python at
+    once, and a child started in its own session (every ``Supervised`` one) keeps running: a
+    bench or test run killed by a timeout left its llama-servers holding ports and cores."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

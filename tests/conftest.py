@@ -17,6 +17,7 @@ import pytest
 
 from oc_prefix_cache.launch import family_flags
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.process import stop_on_sigterm
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model
 from oc_prefix_cache.rig import Rig, ensure_rig
 from oc_prefix_cache.server_info import model_family
@@ -25,6 +26,12 @@ from oc_prefix_cache.tinymodels import SPECS, ensure_model
 
 # Resolved at import, from the real environment: the one path tests share with the home.
 RIG_DIR = Settings.from_env().rig_dir
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run stopped by SIGTERM (CI's or `timeout`'s) still runs every fixture's teardown, so
+    the servers its tests started are stopped by PID (tests/test_signals.py)."""
+    stop_on_sigterm()
 
 
 @pytest.fixture(autouse=True)
