@@ -28,19 +28,23 @@ every entry would look like a deleted file.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from .errors import IndexCorrupt, StoreError
+from .errors import IndexCorrupt, OcpcError, StoreError
 from .process import pid_alive
 from .settings import Settings
 from .slotfile import DOCTOR_RE, PART_RE, fingerprint_of, kind_of, part_target
 from .store import Entry, Index, Store
+
+log = logging.getLogger("ocpc.gc")
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -53,6 +57,7 @@ PROJ_ORPHAN_AGE = DAY  # a project head lives one day; without an entry nothing 
 # slot no longer in use then stops pinning a GB-sized head over the cap; the file itself is
 # then judged by its kind's rules (a head used within the TTL stays).
 STALE_CURRENT_S = 3 * DAY
+GC_REQUEUE_S = 600.0  # a pass queued this long ago and not started was dropped (``AfterSaves``)
 
 Action = Literal["keep", "delete"]
 Kind = Literal["head", "proj", "conv", "part", "doctor"]
@@ -379,6 +384,43 @@ def list_slot_dir(slot_dir: Path) -> list[DiskFile]:
             continue  # deleted while we listed it
         files.append(DiskFile(entry.name, st.st_size, st.st_mtime, stat.S_ISREG(st.st_mode)))
     return files
+
+
+class AfterSaves:
+    """The same policy as `ocpc gc`, run off the request path after a running ocpc saved files.
+
+    One pass is queued however many saves a prepare made (a park, a warm and a project head are
+    three saves; one pass after them sees them all). ``flush``: the uses noted since the last
+    flush go to the index first, so gc sees a head restored a moment ago as used and current,
+    not as last used a month ago. ``schedule``: where the pass runs (the daemon's worker)."""
+
+    def __init__(self, settings: Settings, *, schedule: Callable[[Callable[[], None]], None],
+                 flush: Callable[[], None]) -> None:
+        self._settings, self._schedule, self._flush = settings, schedule, flush
+        self._guard = threading.Lock()
+        self._queued_at: float | None = None
+
+    def saved(self) -> None:
+        now = time.monotonic()
+        with self._guard:  # a pass queued long ago was dropped (a full queue): queue another
+            if self._queued_at is not None and now - self._queued_at < GC_REQUEUE_S:
+                return
+            self._queued_at = now
+        self._schedule(self._run)
+
+    def _run(self) -> None:
+        with self._guard:
+            self._queued_at = None  # a save from here on queues the next pass
+        self._flush()
+        try:
+            plan = run_gc(self._settings, dry_run=False)
+        except (OcpcError, OSError) as exc:  # cleanup must never fail anything
+            log.error("gc after save failed: %s", exc)
+            return
+        if plan.disabled:
+            log.error("gc after save: %s", plan.disabled)
+        for decision in plan.to_delete:
+            log.info("gc deleted %s: %s", decision.name, decision.reason)
 
 
 def run_gc(settings: Settings, *, dry_run: bool, now: float | None = None) -> GcPlan:

@@ -65,7 +65,7 @@ class Lifecycle:
             share = Deadline.after(deadline.remaining() / (len(slots) - i))
             try:
                 with self.p.tracker.slot_lock(self.p.server, slot, deadline=share):
-                    seen = self.p._observe(slot, deadline=share)
+                    seen = self.p.view.observe(slot, deadline=share)
                     holding = seen.holding
                     if seen.restarted or holding is None or holding.kind != "conv" or seen.trail is None:
                         item["parked"] = False
@@ -74,7 +74,7 @@ class Lifecycle:
                         item["parked"] = False
                         item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
                     else:
-                        server = self.p._identity(share)
+                        server = self.p.view.identity(share)
                         identity = server_key(server, ocpc_version=__version__)
                         after = self.p._park_occupant(seen, slot, server=server, identity=identity, deadline=share)
                         item["parked"] = True
@@ -105,7 +105,7 @@ class Lifecycle:
             item: dict[str, Any] = {"conversation": holding.conversation, "from": "the server's RAM cache"}
             try:
                 with self.p.tracker.slot_lock(self.p.server, slot, deadline=deadline):
-                    server = self.p._identity(deadline)
+                    server = self.p.view.identity(deadline)
                     done = self.p.parker.park_from_ram(
                         holding, trail, slot, epoch=epoch, server=server,
                         identity=server_key(server, ocpc_version=__version__), deadline=deadline,
@@ -134,7 +134,7 @@ class Lifecycle:
             if woke:
                 self.p.tracker.restarted(self.p.server, "the router's model woke from sleep: a new context")
             try:
-                self.p._observe(self.p.settings.slot, deadline=deadline)  # a new child: noticed by its witness
+                self.p.view.observe(self.p.settings.slot, deadline=deadline)  # a new child: noticed by its witness
             except OcpcError as exc:
                 return [f"not warmed: {exc}"]
             return self.warm_start(deadline=deadline, yielding=True)
@@ -152,11 +152,11 @@ class Lifecycle:
         try:
             if self.p.stood_down():
                 return [f"not warmed: ocpc stands down on this server ({self.p.stood_down()})"]
-            self.p._server_argv()  # finds the server's process: the witness a restore without a task needs
-            if not self.p._witnessed():
+            self.p.view.argv()  # finds the server's process: the witness a restore without a task needs
+            if not self.p.view.witnessed():
                 return ["not warmed: ocpc cannot watch the server's process (a restore then needs a probe, "
                         "and a probe needs a request's tokens)"]
-            server = self.p._identity(deadline)
+            server = self.p.view.identity(deadline)
             if server.cache.restores_serve:
                 return [f"not warmed: {server.cache.restores_serve}"]
             self.p.flush_usage()  # what this process noted of each slot (a load can come seconds after a use)
@@ -179,7 +179,7 @@ class Lifecycle:
         try:
             with self.p.tracker.slot_lock(self.p.server, pick.slot, deadline=Deadline.after(LOCK_TRY_S) if yielding
                                         else deadline):
-                seen = self.p._observe(pick.slot, deadline=deadline)
+                seen = self.p.view.observe(pick.slot, deadline=deadline)
                 if seen.holding is not None or seen.now.busy or seen.now.id_task is not None:
                     return "not warmed: a request came first"
                 if yielding and self._claimed(pick.slot):  # a prepare began while this one looked

@@ -4,16 +4,18 @@ The flow, each step its own module:
 1. **facts about the request** (conversation.py, head.py): a later turn of the
    conversation the slot holds is recognised from its text alone (no parse); anything
    else is parsed once and its head cut (tools + system text up to the first marker);
-2. **what the slot holds** (tracker.py): one ``GET /slots``, compared with what ocpc
-   recorded when it last left the slot; a restart is noticed here, on every request;
+2. **what the slot holds** (server_view.py, tracker.py): one ``GET /slots``, compared with
+   what ocpc recorded when it last left the slot; a restart is noticed here, on every request;
 3. **the head plan** (planner.py): the request rendered and tokenized as the server will,
-   its head's exact tokens and fingerprint;
+   its head's exact tokens and fingerprint; its files' states (ondisk.py);
 4. **the decision** (decision.py): pure, one table;
-5. **the action** (executor.py): restore or warm behind the gates, within the deadline.
+5. **the action** (executor.py, parking.py, ramtier.py): park the occupant, restore or warm
+   behind the gates, within the deadline.
 Answers: ``hit``, ``restored``, ``warmed``, ``skipped`` or ``failed`` (with a reason). The
 caller always forwards the real request, whatever the answer; the plugin or proxy then
-reports what the server reused (``report``), which binds the slot's new state to this
-conversation or, on a miss, makes ocpc prove the file again (never rebuild it).
+reports what the server reused (report.py), which binds the slot's new state to this
+conversation or, on a miss, makes ocpc prove the file again (never rebuild it). Which slot a
+request takes on ``-np N`` is broker.py's; a server's start and stop, lifecycle.py's.
 """
 
 from __future__ import annotations
@@ -29,31 +31,35 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .ahead import AheadWriter, Idle, IdleSlots
+from .ahead import AheadWriter, IdleSlots
 from .broker import SlotBroker
 from .conversation import Trail, chain_id, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
-from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, SlotFileError, StoreError
+from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
 from .events import Event, EventLog
 from .executor import Contended, Done, Executor, GateFailed, Prefix
 from .families import CacheFacts
 from .fingerprint import ServerIdentity, server_key
-from .gates import likely_cause, served_from_head
+from .gc import AfterSaves
+from .gates import likely_cause
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
 from .parking import Parker, ParkTooBig
-from .parks import Park, find_park, project_entry, project_key
-from .planner import HeadPlan, HeadPlanner, KnownPrefix
+from .parks import Park, find_park, project_key
+from .planner import HeadPlan, HeadPlanner
 from .lifecycle import Lifecycle
+from .ondisk import OnDisk
 from .prepared import Record, Records
 from .ramtier import RamTier, Where
-from .server_info import LoraMemo, child_process, flag_value, gather_identity, process_start, server_command
+from .report import Reporter
+from .server_info import flag_value
+from .server_view import ServerView
 from .settings import Settings
 from .slot_client import SlotClient, Timings
-from .slotfile import read_header, slot_filename
+from .slotfile import slot_filename
 from .standdown import StandDown, StoodDown
-from .store import Index, Store, UsageLog, slot_key
+from .store import Store, UsageLog, slot_key
 from .tracker import Holding, Seen, SlotTracker
 
 log = logging.getLogger("ocpc.prepare")
@@ -61,7 +67,6 @@ log = logging.getLogger("ocpc.prepare")
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
-GC_REQUEUE_S = 600.0  # a gc pass queued this long ago and not started was dropped
 BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)
 # A slot a prepare answered for this recently is still its request's: the request may not have
 # reached the server yet (the plugin sends it after the answer), so a warm start after a router's
@@ -142,33 +147,36 @@ class Preparer:
         self.usage = UsageLog(store)
         self.events = EventLog(settings.log_dir)
         client.on_evaluate = self._own_prefill
+        self.gc = AfterSaves(settings, schedule=schedule or _in_a_thread, flush=self.flush_usage)
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
-                                 on_saved=self._gc_soon)
+                                 on_saved=lambda: self.gc.saved())
+        self.view = ServerView(client=client, tracker=self.tracker,
+                               read_slot=lambda slot, deadline: self.executor.observe(slot, deadline=deadline),
+                               binary=server_binary, runtime=runtime, learn=lambda cache: self.ram.learn(cache))
+        self.disk = OnDisk(slot_dir=settings.slot_dir, store=store, tracker=self.tracker, server=self.server)
         park_cap = None if settings.park_max_gb is None else round(settings.park_max_gb * 1e9)
         self.parker = Parker(client=client, planner=self.planner, executor=self.executor, tracker=self.tracker,
                              park_max_bytes=park_cap)
-        self.server_binary = server_binary
         self.stats = Stats()
-        self._runtime = runtime  # how `ocpc launch` started the server, when it did
-        self._schedule = schedule or _in_a_thread
         self._guard = threading.Lock()
-        self._gc_queued_at: float | None = None
         self.records = Records()  # what each prepare did, until its report (prepared.py)
         self._in_flight: dict[int, dict[str, Any]] = {}  # slot -> what a prepare is doing there (_doing)
         self.standdown = StandDown()
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
-        self.lora = LoraMemo()  # the server's last LoRA answer, for a read that times out under load
         # which slot each request takes on -np N: one broker for every front door on this Preparer
         self.broker = SlotBroker(server=self.server, tracker=self.tracker,
                                  props=lambda deadline: client.props(deadline=deadline))
         # the server's own RAM prompt cache, the first tier under more conversations than slots (ramtier.py)
-        self.ram = RamTier(server=self.server, client=client, tracker=self.tracker, argv=self._server_argv,
+        self.ram = RamTier(server=self.server, client=client, tracker=self.tracker, argv=self.view.argv,
                            bytes_per_token=lambda: self.executor.costs.bytes_per_token, busy=self.broker.table.busy,
                            count=self._count)
         self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
                                  seconds_for=self.executor.costs.seconds_for,
-                                 observe=lambda slot, deadline: self._observe(slot, deadline=deadline),
+                                 observe=lambda slot, deadline: self.view.observe(slot, deadline=deadline),
                                  park=self._park_with_identity, count=self._count, ram_over=self.ram.over)
+        self.reporter = Reporter(server=self.server, records=self.records, tracker=self.tracker, planner=self.planner,
+                                 standdown=self.standdown, idle=self.idle, observe=lambda slot: self.view.observe(slot),
+                                 count=self._count, declare=self._declare, event=self._event)
         self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (lifecycle.py)
 
     # -- public ------------------------------------------------------------------------
@@ -221,53 +229,11 @@ class Preparer:
     def report(self, *, fingerprint: str, cache_n: int, prompt_n: int, prepare_id: str = "",
                predicted_n: int | None = None, prompt_ms: float | None = None,
                door: str = "plugin") -> dict[str, Any]:
-        """Learn from the real request: did it reuse what was prepared for it?
-
-        Served: bind the slot's new state (the request and its reply) to the conversation,
-        so its next turn is a hit without re-checking anything. Missed: forget what the
-        slot holds and make the file prove itself again on its next restore. A miss never
-        condemns a file: another client taking the slot in between also makes one.
-        """
-        record = self.records.find(prepare_id, fingerprint)
-        verdict = "unknown"
-        if record is not None and record.action == "side":  # proves nothing; the slot holds nothing to keep
-            verdict = "side"
-            self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
-        elif record is not None and record.action == "skipped":  # proves nothing; adopts the slot when the
-            if predicted_n is not None:  # token counts say exactly what the request left there
-                verdict = "adopted"
-                self._count("adopted")
-                self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
-        elif record is not None:
-            served = served_from_head(cache_n=cache_n, prefix_tokens=record.expected)
-            verdict = "served" if served else "missed"
-            self._count(f"report_{verdict}")
-            self._count(f"report_{verdict}:{record.action}")
-            if served:
-                self.standdown.proof(record.epoch)
-                self._bind(record, prompt=cache_n + prompt_n, generated=predicted_n)
-            else:
-                if record.action == "restored":
-                    why = self.standdown.missed(record.epoch)
-                    if why is not None:
-                        self._declare(record.epoch, why)
-                self.tracker.forget(self.server, record.slot, "the real request missed what was prepared")
-                if record.file:
-                    self.tracker.unprove(self.server, record.file)
-                if record.planned_split:
-                    self.planner.distrust(record.fingerprint)
-                log.warning("real request after %s reused %d of the %d tokens prepared (%s); %s",
-                            record.action, cache_n, record.expected, record.fingerprint,
-                            "its file proves itself again next time" if record.file else "slot state forgotten")
-        at = time.time()
-        report = {"fingerprint": fingerprint, "cache_n": cache_n, "prompt_n": prompt_n,
-                  "verdict": verdict, "at": at, "prepare_id": prepare_id}
+        """Learn from the real request: did it reuse what was prepared for it? (report.py)"""
+        report = self.reporter.report(fingerprint=fingerprint, cache_n=cache_n, prompt_n=prompt_n,
+                                      prepare_id=prepare_id, predicted_n=predicted_n, prompt_ms=prompt_ms, door=door)
         with self._guard:
             self.stats.last_report = report
-        self._event(Event(at=at, door=door, server=self.server, slot=record.slot if record else -1,
-                          harness=record.harness if record else "", action=record.action if record else "unknown",
-                          source=record.source if record else "", cache_n=cache_n, prompt_n=prompt_n,
-                          prompt_ms=prompt_ms))
         return dict(report)
 
     def _event(self, event: Event) -> None:
@@ -294,7 +260,7 @@ class Preparer:
 
     def _watch(self) -> None:
         try:
-            self._observe(self.settings.slot)
+            self.view.observe(self.settings.slot)
             n_slots = self.broker.slots_known()
             if n_slots is not None:  # its slots exist: gc keeps their current files (store.UsageLog.alive)
                 self.usage.alive(self.server, n_slots)
@@ -392,7 +358,7 @@ class Preparer:
             return facts
         plan = facts.plan
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-            seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
+            seen = self._until_idle(slot, self.view.observe(slot, deadline=deadline), deadline=deadline)
             action, in_ram = self._decide(facts, seen, slot)
             self.ram.follow(action, slot, seen, plan.request_tokens, facts.conversation)
             self.ram.runs(slot, plan.request_tokens, epoch=seen.epoch)
@@ -437,7 +403,7 @@ class Preparer:
         head = head_of(body.data)
         if isinstance(head, Skip):  # a title or summary: nothing to load, but what it displaces is parked
             return self._side(head.reason, slot, deadline)
-        server = self._identity(deadline)
+        server = self.view.identity(deadline)
         conversation = session or chain_id(parsed.digests)
         if not server.model_files:
             raise OcpcError(
@@ -456,19 +422,19 @@ class Preparer:
         system = message_text(body.messages[0]) if body.messages and head.project else None
         if continuing:  # its park may be being written right now, by whoever took its slot
             self._await_park(conversation, slot, deadline=deadline)
-        index = self._index()
+        index = self.disk.index()
         park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
             if continuing and index is not None else None
         plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
-                                 system_text=system, longer=self._known_park(park))
+                                 system_text=system, longer=self.disk.known_park(park))
         project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
             if plan.project else None
         base = project_key(identity=identity, head=plan.fingerprint, project_text=plan.base_text) \
             if plan.base else None
         return _Facts(server=server, identity=identity, conversation=conversation, continuing=continuing,
                       trail=Trail.of(parsed, session=session), plan=plan, park=park, project=project,
-                      project_file=self._project_state(index, project), base=base,
-                      base_file=self._project_state(index, base))
+                      project_file=self.disk.project_state(index, project), base=base,
+                      base_file=self.disk.project_state(index, base))
 
     def _decide(self, facts: _Facts, seen: Seen, slot: int) -> tuple[Action, int]:
         """The decision on what the slot holds now; and what the RAM model says the server's RAM
@@ -477,8 +443,8 @@ class Preparer:
             skip=None, conversation=facts.conversation,
             continues_slot=seen.trail is not None and _continues(seen.trail, facts.trail),
             continuing=facts.continuing, head=facts.plan.fingerprint,
-            head_file=self._file_state("head", facts.plan.fingerprint),
-            park=self._file_state("conv", facts.park.key) if facts.park else FileState.MISSING,
+            head_file=self.disk.state("head", facts.plan.fingerprint),
+            park=self.disk.state("conv", facts.park.key) if facts.park else FileState.MISSING,
             project=facts.project, project_file=facts.project_file, base=facts.base, base_file=facts.base_file)
         where = self.ram.where(facts.conversation, seen, slot, facts.plan.request_tokens) if facts.continuing \
             else Where(0, False)
@@ -530,7 +496,7 @@ class Preparer:
         if trail is None:
             return None
         trail = replace(trail, session=session)
-        seen = self._observe(slot, deadline=deadline)
+        seen = self.view.observe(slot, deadline=deadline)
         holding = seen.holding
         conversation = session or chain_id(trail.digests)
         if seen.restarted or holding is None or holding.conversation != conversation:
@@ -591,14 +557,14 @@ class Preparer:
                   "park": Prefix("conv", park.key if park else "", ())}.get(action.target, head)
         try:
             done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
-                                         epoch=seen.epoch, deadline=deadline, witnessed=self._witnessed())
+                                         epoch=seen.epoch, deadline=deadline, witnessed=self.view.witnessed())
         except GateFailed as failure:
             self.executor.erase_quietly(slot, deadline=deadline)
             if prefix.kind != "head":
                 self._count(f"gate_failed:{prefix.kind}")
                 log.warning("%s %s failed its gates (%s); loading the head instead",
                             "project head" if prefix.kind == "proj" else "park", prefix.key, failure)
-                fallback = "restore" if self._file_state("head", plan.fingerprint) is not FileState.MISSING else "warm"
+                fallback = "restore" if self.disk.state("head", plan.fingerprint) is not FileState.MISSING else "warm"
                 return self._carry_out(replace(action, target="head", prove=True, kind=fallback), plan, slot, seen,
                                        park=None, project=project, server=server, deadline=deadline, base=base)
             self._count("gate_failed")
@@ -658,29 +624,6 @@ class Preparer:
                        n_tokens=len(done.tokens) or loaded.expected, exact=done.exact, left=now,
                        conversation=conversation, stored=loaded.expected)
 
-    def _bind(self, record: Record, *, prompt: int, generated: int | None) -> None:
-        """After a served request: if the slot now holds what that request left (its prompt
-        and reply), it holds the conversation, and its next turn may be a hit."""
-        try:
-            seen = self._observe(record.slot)
-        except OcpcError:
-            return
-        now = seen.now
-        if seen.restarted or seen.epoch != record.epoch or not now.after_request(prompt=prompt, generated=generated):
-            self.tracker.forget(self.server, record.slot, "could not tie the slot's contents to the request")
-            return
-        if record.action == "side":  # a title's state: known, and nothing in it worth parking
-            self.tracker.leave(self.server, record.slot, Holding(
-                kind="side", key="", head="", n_tokens=prompt, exact=False, left=now, stored=prompt),
-                epoch=record.epoch)
-            return
-        self.tracker.leave(self.server, record.slot, Holding(
-            kind="conv", key=record.conversation, head=record.fingerprint, n_tokens=prompt,
-            exact=False, left=now, conversation=record.conversation, stored=record.stored),
-            trail=self.tracker.trail(self.server, record.slot), epoch=record.epoch)
-        self.idle.mark(record.slot, Idle(epoch=record.epoch, conversation=record.conversation,
-                                         since=time.monotonic()))
-
     # -- under load: other requests, other slots -------------------------------------------
     def _until_idle(self, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
         """The slot as it is once no request runs in it, waiting at most ``BUSY_WAIT_S``. Why: a
@@ -690,7 +633,7 @@ class Preparer:
         waited = Deadline.after(min(BUSY_WAIT_S, deadline.remaining()))
         while seen.now.busy and waited.remaining() > 0:
             time.sleep(0.02)
-            seen = self._observe(slot, deadline=deadline)
+            seen = self.view.observe(slot, deadline=deadline)
         return seen
 
     def _await_park(self, conversation: str, slot: int, *, deadline: Deadline) -> None:
@@ -733,10 +676,10 @@ class Preparer:
         slot without one costs one look at the slots)."""
         try:
             with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-                seen = self._until_idle(slot, self._observe(slot, deadline=deadline), deadline=deadline)
+                seen = self._until_idle(slot, self.view.observe(slot, deadline=deadline), deadline=deadline)
                 if seen.now.busy or seen.holding is None or seen.holding.kind != "conv":
                     return ""
-                server = self._identity(deadline)
+                server = self.view.identity(deadline)
                 if server.cache.restores_serve:
                     return ""
                 facts = _slot_facts(seen, "", cache=server.cache, park_min=self.settings.park_min_tokens)
@@ -755,7 +698,7 @@ class Preparer:
 
     def _park_with_identity(self, seen: Seen, slot: int, deadline: Deadline) -> Seen:
         """Park the slot's conversation (the park ahead's way: the server's identity read first)."""
-        server = self._identity(deadline)
+        server = self.view.identity(deadline)
         return self.parker.park(seen, slot, server=server, identity=server_key(server, ocpc_version=__version__),
                                 deadline=deadline)
 
@@ -765,7 +708,7 @@ class Preparer:
         notices a restart: a new process is judged afresh)."""
         if self.standdown.why(self.tracker.epoch(self.server)) is None:
             return None
-        seen = self._observe(slot, deadline=deadline)
+        seen = self.view.observe(slot, deadline=deadline)
         why = self.standdown.why(seen.epoch)
         if why is None:
             return None
@@ -786,117 +729,11 @@ class Preparer:
                 self.stats.events.append({"action": "stand_down", "reason": why, "at": time.time()})
 
     # -- helpers -----------------------------------------------------------------------
-    def _known_park(self, park: Park | None) -> KnownPrefix | None:
-        """The park's text and tokens (its header, read without the server), so planning a long
-        conversation resumed from it tokenizes only what follows it; gated as ever after."""
-        if park is None or not park.text_chars:
-            return None
-        try:
-            header = read_header(self.settings.slot_dir / slot_filename(park.key, "conv"))
-        except SlotFileError:
-            return None  # the restore's own gate says why
-        return KnownPrefix(chars=park.text_chars, text_xxh64=park.text_xxh64, tokens=tuple(header.tokens))
-
-    def _index(self) -> Index | None:
-        try:
-            return self.store.load()
-        except StoreError as exc:
-            log.warning("index unreadable, no parks or project heads this time: %s", exc)
-            return None
-
-    def _project_state(self, index: Index | None, key: str | None) -> FileState:
-        if key is None or index is None or project_entry(index, key, now=time.time()) is None:
-            return FileState.MISSING
-        return self._file_state("proj", key)
-
-    def _file_state(self, kind: str, key: str) -> FileState:
-        name = slot_filename(key, kind)
-        path = self.settings.slot_dir / name
-        try:
-            stat = path.stat()
-        except OSError:
-            return FileState.MISSING
-        proof = (name, stat.st_size, stat.st_mtime_ns)
-        return FileState.PROVEN if self.tracker.proven(self.server, proof) else FileState.PRESENT
-
-    def _observe(self, slot: int, *, deadline: Deadline | None = None) -> Seen:
-        """``GET /slots`` into the tracker, with the server process as a second restart witness
-        (reading /proc/PID/stat: microseconds)."""
-        process = self.tracker.process(self.server)
-        gone = process is not None and process_start(process[0]) != process[1]
-        return self.tracker.observe(self.server, slot, self.executor.observe(slot, deadline=deadline),
-                                    process_gone=gone, process_alive=process is not None and not gone,
-                                    witness=process)
-
-    def _witnessed(self) -> bool:
-        """Whether ocpc watches the server's process (so a restore needs no task after it)."""
-        process = self.tracker.process(self.server)
-        return process is not None and process_start(process[0]) == process[1]
-
-    def _identity(self, deadline: Deadline) -> ServerIdentity:
-        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process).
-        The RAM tier learns the model's cache family from it (what its RAM entries carry)."""
-        server = gather_identity(self.client, binary=self.server_binary, argv=self._server_argv(), deadline=deadline,
-                                 lora=self.lora, epoch=self.tracker.epoch(self.server))
-        self.ram.learn(server.cache)
-        return server
-
-    def _server_argv(self) -> list[str] | None:
-        """The server's command line (for its KV-relevant flags) and its process (the restart
-        witness), looked up once per server process."""
-        known, argv = self.tracker.argv(self.server)
-        if known:
-            return argv
-        epoch = self.tracker.epoch(self.server)
-        argv, process = server_command(self.server, runtime=self._runtime) or (None, None)
-        if self.client.model is not None:  # a router: the process found is the router's; the model's
-            process = self._child()  # own is its child (a new process on every load)
-        self.tracker.set_argv(self.server, argv, epoch=epoch, process=process)
-        return argv
-
-    def _child(self) -> tuple[int, int] | None:
-        """Behind a router: the child process serving this model now (server_info.child_process)."""
-        try:
-            return child_process(self.client.model_entry(deadline=Deadline.after(2.0)))
-        except OcpcError as exc:
-            log.info("cannot find the child process of %s: %s", self.server, exc)
-            return None
-
     def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:
-        step = flag_value(self._server_argv() or [], ("--checkpoint-min-step", "-cms"))
+        step = flag_value(self.view.argv() or [], ("--checkpoint-min-step", "-cms"))
         log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding", slot_filename(plan.fingerprint),
                   failure, likely_cause(cache=server.cache, build_info=server.build, head_tokens=len(plan.tokens),
                                         checkpoint_min_step=int(step) if step and step.isdigit() else None))
-
-    def _gc_soon(self) -> None:
-        """After a save: one gc pass queued, however many saves a prepare made (a park, a warm
-        and a project head are three saves; one pass after them sees them all)."""
-        now = time.monotonic()
-        with self._guard:  # a pass queued long ago was dropped (a full queue): queue another
-            if self._gc_queued_at is not None and now - self._gc_queued_at < GC_REQUEUE_S:
-                return
-            self._gc_queued_at = now
-        self._schedule(self._collect_garbage)
-
-    def _collect_garbage(self) -> None:
-        """The same policy as `ocpc gc`, after each save, off the request path.
-
-        Uses noted since the last flush go to the index first: gc must see a head restored a
-        moment ago as used and current, not as last used a month ago."""
-        from .gc import run_gc
-
-        with self._guard:
-            self._gc_queued_at = None  # a save from here on queues the next pass
-        self.flush_usage()
-        try:
-            plan = run_gc(self.settings, dry_run=False)
-        except (OcpcError, OSError) as exc:  # cleanup must never fail anything
-            log.error("gc after save failed: %s", exc)
-            return
-        if plan.disabled:
-            log.error("gc after save: %s", plan.disabled)
-        for decision in plan.to_delete:
-            log.info("gc deleted %s: %s", decision.name, decision.reason)
 
     def _answer(self, action: str, fp: str, expected: int, reason: str, *, slot: int, epoch: int,
                 conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache import prepare as prepare_module
+from oc_prefix_cache import server_view as server_view_module
 from oc_prefix_cache.doctor import run_checks
 from oc_prefix_cache.server_info import model_family
 from oc_prefix_cache.settings import Settings
@@ -152,7 +152,7 @@ def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_
     """A server whose command line ocpc cannot read: the first restore's probe fails (a
     rebuild: it might be the file), the second on the same server process is the server:
     ocpc stands down. A restart is a new process, judged afresh."""
-    monkeypatch.setattr(prepare_module, "server_command", lambda *a, **k: None)
+    monkeypatch.setattr(server_view_module, "server_command", lambda *a, **k: None)
     server, t = family("gemma3", launch=False)
     sessions = iter(f"ses_{i}" for i in range(10))
     answers = []
@@ -167,7 +167,7 @@ def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_
     later, _ = t.turn(workload.other_project(next(sessions)))
     assert later.action == "skipped" and "standing down" in later.reason
     server.restart()
-    t.preparer._observe(0)  # the daemon's watcher notices the restart
+    t.preparer.view.observe(0)  # the daemon's watcher notices the restart
     assert t.preparer.stood_down() is None
 
 

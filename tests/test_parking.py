@@ -191,7 +191,7 @@ def test_a_busy_slot_does_not_spend_the_whole_stop_budget_of_the_others(turns) -
         timings = chat(server.url, body)
         t.preparer.report(fingerprint=result.fingerprint or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
                           prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
-    t.preparer._observe(0)  # slot 0 known to the tracker, then held by a prepare that does not end
+    t.preparer.view.observe(0)  # slot 0 known to the tracker, then held by a prepare that does not end
     held, release = threading.Event(), threading.Event()
 
     def hold_slot_0() -> None:
@@ -415,11 +415,11 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
         t.turn(conv)
     nxt = parent.next_body()
     body = parse_body(json.dumps(nxt).encode())
-    identity = gather_identity(t.client, binary=None, argv=t.preparer._server_argv())
+    identity = gather_identity(t.client, binary=None, argv=t.preparer.view.argv())
     park = find_park(t.preparer.store.load(), identity=server_key(identity, ocpc_version=__version__),
                      session=parent.session, digests=body.digests)
     assert park is not None and park.text_chars > 0, park
-    known = t.preparer._known_park(park)
+    known = t.preparer.disk.known_park(park)
     assert known is not None and len(known.tokens) == park.n_tokens
     head = extract_head(body, t.preparer.settings.markers)
     assert not hasattr(head, "reason"), head
@@ -440,7 +440,7 @@ def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_rest
     in another PID namespace (its process not visible here)."""
     if not witness:
         real = server_command
-        monkeypatch.setattr("oc_prefix_cache.prepare.server_command",
+        monkeypatch.setattr("oc_prefix_cache.server_view.server_command",
                             lambda *a, **k: (found[0], None) if (found := real(*a, **k)) else None)
     server, t = turns("qwen3")
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")

@@ -21,6 +21,7 @@ import pytest
 from oc_prefix_cache.conversation import parse
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.files import file_lock
+from oc_prefix_cache.gc import AfterSaves
 from oc_prefix_cache.prepare import Preparer, PrepareResult
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient, Timings
@@ -445,7 +446,8 @@ def test_the_gc_a_save_schedules_keeps_a_head_restored_just_before(prep, monkeyp
     rig.settings = Settings.from_env(dict(os.environ))
     rig.preparer.settings = rig.settings
     jobs: list[Callable[[], None]] = []
-    rig.preparer._schedule = jobs.append  # run the background jobs when the test says
+    # run the background jobs when the test says
+    rig.preparer.gc = AfterSaves(rig.settings, schedule=jobs.append, flush=rig.preparer.flush_usage)
     head = rig.prepare(PROJ_A, session="ses_a")
     other = capture(PROJ_A)
     other["tools"] = other["tools"][:3]
@@ -466,7 +468,7 @@ def test_saves_in_a_row_queue_one_gc_pass(prep) -> None:
     pass lists the folder and reads the index)."""
     _, rig = prep("qwen3")
     jobs: list[Callable[[], None]] = []
-    rig.preparer._schedule = jobs.append
+    rig.preparer.gc = AfterSaves(rig.settings, schedule=jobs.append, flush=rig.preparer.flush_usage)
     assert rig.prepare(PROJ_A, session="ses_a").action == "warmed"
     assert len(jobs) == 1
     jobs.pop()()
