@@ -44,7 +44,8 @@ The rules, in order:
    copies idle slots there whenever a request starts) with room to keep it: its next turn
    comes back from RAM. Where the RAM cache has room for it, a restore's occupant is not parked
    to disk but stashed there by the server: one unrelated token evaluated first (``clear_first``;
-   not before a warm, whose evaluation could load another conversation's cached prompt over it).
+   not before a warm, whose evaluation could load another conversation's cached prompt over it),
+   also an occupant whose unsaved tail is too short to be worth a park (a stash is one token).
    If the park fails, nothing is displaced.
 """
 
@@ -74,8 +75,10 @@ class SlotFacts:
     busy: bool = False  # the server shows a request processing in it (not one ocpc holds)
     exact_key: str | None = None  # the key of the prefix held exactly (head fingerprint or project key)
     occupant_parkable: bool = False  # a known other conversation whose unsaved tail is worth parking
-    occupant_in_ram: bool = False  # ... and the server's RAM cache holds it whole, with room to keep it
-    occupant_stashable: bool = False  # ... or would take it (a request run over it), with room to keep it
+    occupant_in_ram: bool = False  # a known conversation the server's RAM cache holds whole, with room to keep it
+    # a known other conversation the server's RAM cache would take (a request run over it), with room to
+    # keep it, whatever its unsaved tail: a stash costs one token, not a file
+    occupant_stashable: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,9 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
     if request.continues_slot and slot.known:
         return Action("hit", "same conversation: the slot still holds it", target="slot")
     park_first = slot.known and slot.occupant_parkable and not slot.occupant_in_ram
+    stash = slot.known and slot.occupant_stashable and not slot.occupant_in_ram and not slot.restarted
     if not request.continuing:
-        return _new_session(slot, request, park_first=park_first)
+        return _new_session(slot, request, park_first=park_first, stash=stash)
     if slot.empty or (slot.known and slot.holds_conversation != request.conversation):
         where = ("in an empty slot" if slot.empty and not slot.known
                  else "in a slot that holds only a head" if not slot.holds_conversation
@@ -142,20 +146,22 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
                           "with it for the server to swap (it would keep the shared prefix): one unrelated token "
                           "first", target="ram", clear_first=True, park_first=park_first and not stays)
         if request.park is not FileState.MISSING:
-            return _restore(slot, f"{why}: restore its park", prove=request.park is FileState.PRESENT,
-                            park_first=park_first, target="park")
+            return _restore(f"{why}: restore its park", prove=request.park is FileState.PRESENT,
+                            park_first=park_first, stash=stash, target="park")
         if request.project is not None and request.project_file is not FileState.MISSING:
-            return _restore(slot, f"{why}, not parked: restore its project head",
-                            prove=request.project_file is FileState.PRESENT, park_first=park_first, target="proj")
+            return _restore(f"{why}, not parked: restore its project head",
+                            prove=request.project_file is FileState.PRESENT, park_first=park_first, stash=stash,
+                            target="proj")
         if request.base is not None and request.base_file is not FileState.MISSING:
-            return _restore(slot, f"{why}, not parked: restore its project head's shorter level",
-                            prove=request.base_file is FileState.PRESENT, park_first=park_first, target="base")
-        return _load_head(slot, request, why=f"{why}, not parked", park_first=park_first, save_project=False)
+            return _restore(f"{why}, not parked: restore its project head's shorter level",
+                            prove=request.base_file is FileState.PRESENT, park_first=park_first, stash=stash,
+                            target="base")
+        return _load_head(request, why=f"{why}, not parked", park_first=park_first, stash=stash, save_project=False)
     return Action("skip", "a conversation going on in a slot whose contents ocpc cannot vouch for: "
                   "left to the server's own cache (its report tells ocpc what the slot holds then)", adopt=True)
 
 
-def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) -> Action:
+def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool, stash: bool) -> Action:
     """A new session: its project head when the slot holds it or a file does (a restore costs
     milliseconds; the head alone would leave the project's text to process), else its head."""
     wants_project = request.project is not None and request.project_file is FileState.MISSING
@@ -163,43 +169,45 @@ def _new_session(slot: SlotFacts, request: RequestFacts, *, park_first: bool) ->
         return Action("hit", "the slot holds exactly this project's head", target="proj")
     if request.project is not None and request.project_file is not FileState.MISSING:
         proven = request.project_file is FileState.PROVEN
-        return _restore(slot, "a new session: restore its project head" + (" (proven here)" if proven else ""),
-                        prove=not proven, park_first=park_first, target="proj")
+        return _restore("a new session: restore its project head" + (" (proven here)" if proven else ""),
+                        prove=not proven, park_first=park_first, stash=stash, target="proj")
     if request.base is not None:  # the project head moved on (a commit): start from its shorter level
         if slot.known and slot.exact and slot.exact_key == request.base:
             return Action("hit", "the slot holds exactly this project head's shorter level", target="base",
                           save_project=wants_project)
         if request.base_file is not FileState.MISSING:
             proven = request.base_file is FileState.PROVEN
-            return _restore(slot, "a new session: restore its project head's shorter level"
+            return _restore("a new session: restore its project head's shorter level"
                             + (" (proven here)" if proven else ""), prove=not proven, park_first=park_first,
-                            target="base", save_project=wants_project)
+                            stash=stash, target="base", save_project=wants_project)
     if slot.known and slot.holds_head == request.head:
         if slot.exact and slot.exact_key in (None, request.head):
             return Action("hit", "the slot holds exactly this head", save_project=wants_project)
         if not slot.partial_cache:
             return Action("hit", "the slot holds this head plus a turn; the transformer reuses the common prefix",
                           park_first=park_first, save_project=wants_project)
-    return _load_head(slot, request, why="a new session", park_first=park_first, save_project=wants_project)
+    return _load_head(request, why="a new session", park_first=park_first, stash=stash, save_project=wants_project)
 
 
-def _load_head(slot: SlotFacts, request: RequestFacts, *, why: str, park_first: bool,
-               save_project: bool) -> Action:
+def _load_head(request: RequestFacts, *, why: str, park_first: bool, stash: bool, save_project: bool) -> Action:
     if request.head_file is FileState.MISSING:  # a warm's own evaluation could load another
         # conversation's cached prompt over a stashed occupant: it parks first, never stashes
         return Action("warm", f"{why}: first run of this head", park_first=park_first, save_project=save_project)
     proven = request.head_file is FileState.PROVEN
-    return _restore(slot, f"{why}: restore the head" + (" (file proven on this server)" if proven else ""),
-                    prove=not proven, park_first=park_first, save_project=save_project)
+    return _restore(f"{why}: restore the head" + (" (file proven on this server)" if proven else ""),
+                    prove=not proven, park_first=park_first, stash=stash, save_project=save_project)
 
 
-def _restore(slot: SlotFacts, why: str, *, park_first: bool, prove: bool, target: str = "head",
+def _restore(why: str, *, park_first: bool, stash: bool, prove: bool, target: str = "head",
              save_project: bool = False) -> Action:
     """A restore, and what becomes of the occupant it displaces. A restore is a slot action,
     which wipes the slot unstashed: where the server's RAM cache would take the occupant (room
     to keep it), one unrelated token first makes the server stash it there (``clear_first``)
-    instead of a park to disk (``park_first``)."""
-    if park_first and slot.occupant_stashable and not slot.restarted:
+    instead of a park to disk (``park_first``). That holds for an occupant whose unsaved tail is
+    too short to be worth a park too: a stash costs one token, and its next turn then comes back
+    from RAM instead of re-processing its turns on its head (at K = 16 agents on 2 slots, four
+    turns in a 180 s window did that: pi's, whose first turn left 101 tokens past its head)."""
+    if stash:
         return Action("restore", f"{why}; the slot's conversation goes to the server's RAM cache first",
                       prove=prove, target=target, save_project=save_project, clear_first=True)
     return Action("restore", why, prove=prove, park_first=park_first, target=target, save_project=save_project)

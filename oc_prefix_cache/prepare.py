@@ -449,6 +449,7 @@ class Preparer:
         where = self.ram.where(facts.conversation, seen, slot, facts.plan.request_tokens) if facts.continuing \
             else Where(0, False)
         whole, stashable = self.ram.keeps_occupant(seen)
+        stashable = stashable and seen.holding is not None and seen.holding.conversation != facts.conversation
         facts_now = replace(_slot_facts(seen, facts.conversation, cache=facts.server.cache,
                                         park_min=self.settings.park_min_tokens),
                             occupant_in_ram=whole, occupant_stashable=stashable)

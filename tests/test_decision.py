@@ -97,6 +97,20 @@ def test_a_known_conversation_is_parked_before_anything_replaces_or_truncates_it
     assert not decide(replace(occupied, known=False), NEW).park_first  # unknown contents are never "parked"
 
 
+def test_a_known_conversation_too_short_to_park_is_stashed_in_ram_before_a_restore_wipes_it() -> None:
+    """A conversation whose unsaved tail is under the park minimum is not worth a file, but the
+    server's RAM cache keeps it for one token: before, a restore wiped it unstashed and its next
+    turn re-processed its turns on its head (four such turns in a K = 16 window)."""
+    short = slot(exact=False, holds_conversation="ses_a", occupant_parkable=False, occupant_stashable=True)
+    for req in (NEW, request(conversation="ses_c", continues_slot=False, continuing=True, park=FileState.PROVEN),
+                request(conversation="ses_c", continues_slot=False, continuing=True, head_file=FileState.PRESENT)):
+        action = decide(short, req)
+        assert action.kind == "restore" and action.clear_first and not action.park_first, (req, action)
+    # without room in the RAM cache, or across a restart, nothing to stash it for
+    assert not decide(replace(short, occupant_stashable=False), NEW).clear_first
+    assert not decide(replace(short, restarted=True), NEW).clear_first
+
+
 def test_a_project_head_is_saved_once_when_missing() -> None:
     fresh = request(project=PROJ, project_file=FileState.MISSING)
     assert decide(slot(holds_head=OTHER), fresh).save_project
@@ -195,6 +209,9 @@ def test_properties(facts: SlotFacts, req: RequestFacts) -> None:
             # (a swap from RAM, its one token first included, is a request the server stashes the occupant for)
             assert action.park_first or facts.occupant_in_ram or (
                 facts.occupant_stashable and (action.target == "ram" or action.clear_first))
+    if action.kind == "restore" and facts.known and facts.occupant_stashable and not facts.occupant_in_ram \
+            and not facts.restarted:  # a restore's occupant the RAM cache would keep is stashed there first
+        assert action.clear_first and not action.park_first
     if action.clear_first:  # to swap this conversation in from RAM, or to stash the occupant before a restore
         assert (action.kind == "hit" and action.target == "ram" and req.in_ram and not req.ram_here) or (
             action.kind == "restore" and facts.occupant_stashable and not action.park_first)

@@ -140,6 +140,29 @@ def test_where_the_ram_cache_cannot_keep_them_conversations_are_parked_to_disk(l
     assert counters.get("source:park", 0) >= 3 and counters.get("report_missed", 0) == 0, counters
 
 
+@pytest.mark.parametrize("model", ["qwen35", "qwen3"])
+def test_a_conversation_too_short_to_park_is_stashed_in_ram_before_a_restore_displaces_it(
+        llama_server: Any, model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conversation whose tail is under the park minimum (here: every one) is not worth a file,
+    and a restore is a slot action, which wipes the slot without the server stashing it. One
+    token first makes the server stash it in its RAM cache, so its next turn comes back from RAM
+    with only its new tokens; before, that turn re-processed the conversation on its head."""
+    monkeypatch.setenv("OC_PREFIX_CACHE_PARK_MIN_TOKENS", "1000000")
+    server = llama_server(model, parallel=1, ctx_size=32768, extra_args=(*FLAGS, "--cache-ram", "2048"))
+    agents = Agents(server.url)
+    for conv in (workload.parent("ses_x"), Pi("ses_y")):  # both heads on disk: new sessions restore them
+        agents.turn(conv)
+    mine = workload.parent("ses_a")
+    assert agents.turn(mine)[0] in ("head", "proj")  # restored: a slot action
+    assert agents.turn(mine)[0] == "slot"  # a turn of ~1.6k tokens past its project head
+    assert agents.turn(Pi("ses_p"))[0] == "head"  # a restore over ses_a, whose tail no park is made for
+    source, timings, new = agents.turn(mine)
+    counters = agents.counters()
+    print(dict(counters))
+    assert source == "ram" and timings.prompt_n <= new + MARKUP, (source, timings, new)
+    assert counters.get("parked", 0) == 0 and counters.get("report_missed", 0) == 0, counters
+
+
 def test_a_graceful_stop_parks_the_conversations_that_live_only_in_the_ram_cache(llama_server: Any) -> None:
     """The RAM cache dies with the server process. Before a graceful stop, ocpc parks the slots'
     conversations and then the ones only the RAM cache holds (the server loads each back for its
