@@ -500,15 +500,16 @@ def test_kv_cache_type_from_the_servers_flags_moves_the_fingerprint(prep) -> Non
     assert quantised.action == "warmed" and quantised.fingerprint != plain.fingerprint
 
 
-def test_a_conversation_whose_slot_another_took_gets_its_head_back(prep) -> None:
-    """A's later turn after B took the slot: B is known (its request was reported) and too
-    short to be worth parking, so A gets its (project) head back instead of re-processing
-    everything."""
+def test_a_conversation_whose_slot_another_took_comes_back_from_the_servers_ram(prep) -> None:
+    """A's later turn after B took the slot: A was known (its request was reported) and too
+    short to be worth a park, but not to be kept: the one token before B's restore made the
+    server stash A in its RAM cache (on by default), so A comes back from RAM instead of
+    re-processing everything; nothing is parked to disk."""
     server, rig = prep("qwen35")
     rig.turn(PROJ_A, session="ses_a")
     assert rig.turn(PROJ_B, session="ses_b")[0].action == "restored"
     turn2 = rig.prepare(PROJ_A_TURN2, session="ses_a")
-    assert turn2.action == "restored" and turn2.source == "proj", turn2
+    assert turn2.action == "hit" and turn2.source == "ram", turn2
     assert "parked the slot" not in turn2.reason and rig.preparer.stats.counters["parked"] == 0
     assert_served(chat(server.url, capture(PROJ_A_TURN2)), turn2)
 
