@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import copy
 import json
+import logging
 import os
 import random
 import re
@@ -609,6 +610,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def keep_log(path: Path) -> None:
+    """With ``--keep``: every prepare's answer and reason, and every other ocpc line at INFO, into
+    ``path`` (which restore came from where, and why, is otherwise lost with the run); warnings
+    still print to the console as before."""
+    ocpc = logging.getLogger("ocpc")
+    ocpc.setLevel(logging.INFO)
+    into_file = logging.FileHandler(path)
+    into_file.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
+    console = logging.StreamHandler()
+    console.setLevel(logging.WARNING)
+    ocpc.addHandler(into_file)
+    ocpc.addHandler(console)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true",
@@ -627,7 +642,8 @@ def main() -> int:
                              "oracle (plain with an unbounded RAM cache)")
     parser.add_argument("--warmup", action="store_true",
                         help="answer each agent's first request before the window opens (not counted)")
-    parser.add_argument("--keep", type=Path, help="work here and keep it (each server's log, ocpc's state)")
+    parser.add_argument("--keep", type=Path, help="work here and keep it (each server's log, ocpc's state, "
+                                                  "ocpc.log: every prepare's answer and reason)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -643,6 +659,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
+        keep_log(args.keep / "ocpc.log")
     with (contextlib.nullcontext(str(args.keep)) if args.keep
           else tempfile.TemporaryDirectory(prefix="ocpc-agents-")) as work:
         base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
