@@ -129,7 +129,7 @@ def decide(slot: SlotFacts, request: RequestFacts) -> Action:
     if request.continues_slot and slot.known:
         return Action("hit", "same conversation: the slot still holds it", target="slot")
     park_first = slot.known and slot.occupant_parkable and not slot.occupant_in_ram
-    stash = slot.known and slot.occupant_stashable and not slot.occupant_in_ram and not slot.restarted
+    stash = slot.known and slot.occupant_stashable and not slot.occupant_in_ram  # a restart: known is False
     if not request.continuing:
         return _new_session(slot, request, park_first=park_first, stash=stash)
     if slot.empty or (slot.known and slot.holds_conversation != request.conversation):

@@ -175,7 +175,7 @@ class Preparer:
                                  observe=lambda slot, deadline: self.view.observe(slot, deadline=deadline),
                                  park=self._park_with_identity, count=self._count, ram_over=self.ram.over)
         self.reporter = Reporter(server=self.server, records=self.records, tracker=self.tracker, planner=self.planner,
-                                 standdown=self.standdown, idle=self.idle, observe=lambda slot: self.view.observe(slot),
+                                 standdown=self.standdown, idle=self.idle, observe=self.view.observe,
                                  count=self._count, declare=self._declare, event=self._event)
         self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (lifecycle.py)
 
