@@ -72,9 +72,9 @@ ServerFactory = Callable[..., LlamaServer]
 
 #: Every test server's own flags. `--poll 0`: llama.cpp's worker threads sleep between graph runs
 #: instead of spinning (its default polls at level 50). On a 2-core machine the spin takes the
-#: cores the harness (node), ocpc and pytest need between a server's batches: measured on four
-#: rig test files (parking, ram_swaps, pi, Claude Code), 404 s with the default, 336 s with
-#: `--poll 0`, the same 1.55 cores busy. It changes no cache behaviour; the benches keep
+#: cores the harness (node), ocpc and pytest need between a server's batches. Measured on
+#: test_e2e_claude_code.py + test_ram_swaps.py, arms alternated A B B A: 236 and 262 s with
+#: `--poll 0`, 357 and 339 s with the default (0.72x). It changes no cache behaviour; the benches keep
 #: llama-server's defaults (they compare against plain llama-server as users run it).
 TEST_SERVER_ARGS = ("--poll", "0")
 
