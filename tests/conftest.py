@@ -24,6 +24,8 @@ from oc_prefix_cache.server_info import model_family
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.tinymodels import SPECS, ensure_model
 
+from .helpers import TEST_SERVER_ARGS
+
 # Resolved at import, from the real environment: the one path tests share with the home.
 RIG_DIR = Settings.from_env().rig_dir
 
@@ -70,13 +72,6 @@ def models(rig: Rig) -> dict[str, Path]:
 
 ServerFactory = Callable[..., LlamaServer]
 
-#: Every test server's own flags. `--poll 0`: llama.cpp's worker threads sleep between graph runs
-#: instead of spinning (its default polls at level 50). On a 2-core machine the spin takes the
-#: cores the harness (node), ocpc and pytest need between a server's batches. Measured on
-#: test_e2e_claude_code.py + test_ram_swaps.py, arms alternated A B B A: 236 and 262 s with
-#: `--poll 0`, 357 and 339 s with the default (0.72x). It changes no cache behaviour; the benches keep
-#: llama-server's defaults (they compare against plain llama-server as users run it).
-TEST_SERVER_ARGS = ("--poll", "0")
 
 
 @pytest.fixture(scope="session")

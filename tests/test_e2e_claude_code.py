@@ -36,6 +36,15 @@ pytestmark = pytest.mark.rig
 
 VERSION = "2.1.332"
 END_AT_ONCE = ("--logit-bias", "151645+30")  # <|im_end|> in the tiny models' vocabulary (notes)
+#: Every reply is "ok", one token, as plain content, for harnesses that do not take an empty reply
+#: as the end of a turn: Qwen Code retries it 4 times with 2+4+6+8 s of backoff, OpenHands nudges
+#: again until its 500 iterations. Token 562 is "ok" in the tiny models' vocabulary: the bias picks
+#: it, the overridden end-of-generation id stops right after it (a request's own `max_tokens` wins
+#: over `--n-predict`), and thinking is off, so that the template closes its `<think>` and the token
+#: lands in `content` (Qwen Code rejects a reply with thinking tags in it). None of it changes
+#: prompt processing or caching.
+SAY_OK = ("--chat-template-kwargs", '{"enable_thinking":false}',
+          "--override-kv", "tokenizer.ggml.eos_token_id=int:562", "--logit-bias", "562+30")
 
 
 BIN = Bin(f"claude-code-{VERSION}", f"@anthropic-ai/claude-code@{VERSION}",

@@ -18,16 +18,11 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
-from .test_e2e_claude_code import ProxyProcess, make_project
+from .test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
 VERSION = "1.16.0"
-#: Every reply is "ok", one token, as plain content. OpenHands answers an empty reply (the other tests'
-#: end-at-once bias) with a corrective nudge, again and again until its 500 iterations, and text
-#: inside an open <think> is reasoning only, nudged the same way; content ends its session. Token 562 is
-#: "ok" in the tiny models' vocabulary. None of it changes prompt processing or caching.
-SAYS_OK = ("--logit-bias", "562+30", "--n-predict", "1", "--reasoning-format", "none")
 
 
 BIN = Bin(f"openhands-{VERSION}", f"openhands=={VERSION}", "bin/openhands", pypi=True, python=(3, 12))
@@ -52,7 +47,7 @@ def run_openhands(binary: Path, home: Path, project: Path, proxy_url: str, promp
 
 
 def test_openhands_sessions_are_served_from_the_head(llama_server: Any, openhands_bin: Path, tmp_path: Path) -> None:
-    server = llama_server("qwen35", ctx_size=32768, extra_args=SAYS_OK)
+    server = llama_server("qwen35", ctx_size=32768, extra_args=SAY_OK)
     calc = "def add(a, b):\n    return a + b\n"
     dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": calc}),
             "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n",

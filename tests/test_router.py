@@ -22,7 +22,7 @@ from oc_prefix_cache.server_info import child_process
 from oc_prefix_cache.settings import Settings
 
 from . import workload
-from .helpers import chat
+from .helpers import TEST_SERVER_ARGS, chat
 from .test_parking import MARKUP
 
 pytestmark = pytest.mark.rig
@@ -127,7 +127,7 @@ def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: 
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--models-dir", str(folder),
-                                     "--port", str(port), "--", "-c", "8192"],
+                                     "--port", str(port), "--", "-c", "8192", *TEST_SERVER_ARGS],
                                     env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "ready: llama-server" in log.read_text(), timeout=120)

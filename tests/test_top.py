@@ -19,6 +19,7 @@ import pytest
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
+from .helpers import TEST_SERVER_ARGS
 from .test_e2e_claude_code import END_AT_ONCE
 from .test_proxy import capture
 
@@ -108,7 +109,7 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--models-dir", str(folder),
-                                     "--port", str(port), "--", "-c", "16384", *END_AT_ONCE],
+                                     "--port", str(port), "--", "-c", "16384", *END_AT_ONCE, *TEST_SERVER_ARGS],
                                     env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     sock = tmp_path / "tmux.sock"
     run = [tmux, "-S", str(sock)]
