@@ -73,7 +73,6 @@ def models(rig: Rig) -> dict[str, Path]:
 ServerFactory = Callable[..., LlamaServer]
 
 
-
 @pytest.fixture(scope="session")
 def family_args(models: dict[str, Path]) -> Callable[[str], tuple[str, ...]]:
     """A model's family flags as `ocpc launch` adds them (--swa-full for the SWA model)."""

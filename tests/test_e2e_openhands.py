@@ -1,11 +1,12 @@
 """End to end: the real OpenHands CLI 1.16.0 (`openhands --headless -t`, the SDK's local workspace: no
-Docker), `ocpc proxy` as a real process, and a real llama-server (tiny hybrid model, every reply ending
-at once). OpenHands speaks chat completions through litellm (`LLM_MODEL=openai/<name>`,
-`LLM_BASE_URL`, `--override-with-envs`). Two sessions in project A, one in project B, one after a
-server restart. Its tools name the working directory, so each project has its own head: B's first
-session builds it; a new session in a project it has seen processes only what follows the head (the
-time to the microsecond, the working directory, the typed text), at most 2% of the first session's
-prompt tokens, and no project head is saved (nothing after the head is the same for two sessions).
+Docker), `ocpc proxy` as a real process, and a real llama-server (tiny hybrid model, every reply the
+one token "ok": OpenHands nudges an empty reply again and again). OpenHands speaks chat completions
+through litellm (`LLM_MODEL=openai/<name>`, `LLM_BASE_URL`, `--override-with-envs`). Two sessions in
+project A, one in project B, one after a server restart. Its tools name the working directory, so
+each project has its own head: B's first session builds it; a new session in a project it has seen
+processes only what follows the head (the time to the microsecond, the working directory, the typed
+text), at most 2% of the first session's prompt tokens, and no project head is saved (nothing after
+the head is the same for two sessions).
 """
 
 from __future__ import annotations
