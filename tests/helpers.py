@@ -29,11 +29,11 @@ FULL = os.environ.get("OCPC_FULL_TESTS") == "1"
 
 #: Every test server's own flags, also of those `ocpc launch` starts in tests (after its `--`).
 #: `--poll 0`: llama.cpp's worker threads sleep between graph runs instead of spinning (its
-#: default polls at level 50). On a 2-core machine the spin takes the
-#: cores the harness (node), ocpc and pytest need between a server's batches. Measured on
-#: test_e2e_claude_code.py + test_ram_swaps.py, arms alternated A B B A: 236 and 262 s with
-#: `--poll 0`, 357 and 339 s with the default (0.72x). It changes no cache behaviour; the benches keep
-#: llama-server's defaults (they compare against plain llama-server as users run it).
+#: default polls at level 50). On a 2-core machine the spin takes the cores the harness (node),
+#: ocpc and pytest need between a server's batches. Measured on test_e2e_claude_code.py +
+#: test_ram_swaps.py, arms alternated A B B A: 236 and 262 s with `--poll 0`, 357 and 339 s with
+#: the default (0.72x). It changes no cache behaviour; the benches keep llama-server's defaults
+#: (they compare against plain llama-server as users run it).
 TEST_SERVER_ARGS = ("--poll", "0")
 
 
