@@ -17,7 +17,7 @@ import { readFileSync, promises as fsp } from "node:fs";
 
 // Not exported (OpenCode would take it for a plugin function); `ocpc --version` and doctor
 // read it from this file's text, and the init log line carries it.
-const OCPC_PLUGIN_VERSION = "0.3.1";
+const OCPC_PLUGIN_VERSION = "0.3.2";
 
 // Shared across module copies (a global and a project plugin folder may both load this
 // file), so a provider's fetch is never wrapped twice.
@@ -343,10 +343,10 @@ async function askDaemon(call, outerSignal, settings) {
     controller.abort();
   };
   let hung = false;
-  const headersTimer = setTimeout(() => {
+  const cancelHeadersTimer = patientTimeout(settings.headersTimeoutMs, () => {
     hung = true;
     stop(`no response headers within ${settings.headersTimeoutMs} ms`);
-  }, settings.headersTimeoutMs);
+  });
   const totalTimer = setTimeout(() => {
     hung = true;
     stop(`no answer within ${settings.prepareTimeoutMs} ms`);
@@ -374,7 +374,7 @@ async function askDaemon(call, outerSignal, settings) {
       timeout: false, // Bun's own fetch timeout would cut a long warm-up short; ours bound it
     });
     const response = await Promise.race([request, aborted]);
-    clearTimeout(headersTimer);
+    cancelHeadersTimer();
     if (!response.ok) {
       response.body?.cancel().catch(() => {});
       throw new DaemonError(`daemon answered HTTP ${response.status}`, response.status);
@@ -385,10 +385,27 @@ async function askDaemon(call, outerSignal, settings) {
     if (why !== null) throw new DaemonError(why, null, hung);
     throw err;
   } finally {
-    clearTimeout(headersTimer);
+    cancelHeadersTimer();
     clearTimeout(totalTimer);
     outerSignal?.removeEventListener?.("abort", onOuterAbort);
   }
+}
+
+// A timer that runs `onTimeout` after `ms`, unless it runs late: then the event loop was stalled
+// (OpenCode's own start-up work on a busy machine) and what arrived meanwhile (the daemon's
+// headers) is still unread, since expired timers run before the loop reads its sockets. So a
+// late timer first gives the loop a short turn to read them, and decides after it. Returns
+// the cancel function.
+const STALL_MS = 50; // later than this: the loop was stalled, not just busy
+const RECHECK_MS = 10;
+function patientTimeout(ms, onTimeout) {
+  let handle = null;
+  const arm = (delay) => {
+    const due = Date.now() + delay;
+    handle = setTimeout(() => (Date.now() - due > STALL_MS ? arm(RECHECK_MS) : onTimeout()), delay);
+  };
+  arm(ms);
+  return () => clearTimeout(handle);
 }
 
 function parseAnswer(text) {

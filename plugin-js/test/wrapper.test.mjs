@@ -397,6 +397,25 @@ test("a slow prepare (minutes in real life) is waited for", async () => {
   await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
 });
 
+test("headers that arrived while OpenCode blocked the event loop are not taken for a hung daemon", async () => {
+  // OpenCode boots while it sends its first request: on a busy machine its event loop can stall
+  // for longer than headersTimeoutMs. The daemon's headers then sit unread in the socket when the
+  // loop wakes, and the expired timer runs first: the plugin gave up on a working daemon (seen in
+  // a CI-sized run: no report after the first session, the daemon marked hung).
+  const { fetch, logFile } = await setup({ headersTimeoutMs: 200, prepareTimeoutMs: 3000 });
+  daemon.state.behaviour = (req, res, state) => {
+    res.writeHead(200, { "content-type": "application/json", "x-ocpc-state": "working" });
+    res.flushHeaders();
+    const until = Date.now() + 500; // the whole process stalls, the headers already sent
+    while (Date.now() < until) { /* a stalled event loop */ }
+    setTimeout(() => res.end(JSON.stringify(GOOD_ANSWER)), 50);
+  };
+  const res = await fetch(chatUrl(), chatInit());
+  await res.text();
+  await waitFor(() => daemon.state.reports[0]); // a report: the prepare's answer was taken
+  await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
+});
+
 // Fail-open: each daemon failure still forwards the identical request, quickly.
 const FAILURES = [
   { name: "connection refused", daemonUrl: "refused", within: 1000 },
