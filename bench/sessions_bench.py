@@ -125,9 +125,10 @@ def lcp(a: list[int], b: list[int]) -> int:
 
 def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: bool,
                 plain_args: tuple[str, ...] = FLAGS, ocpc_args: tuple[str, ...] = FLAGS,
-                limit: int | None = None) -> dict[str, Any]:
+                limit: int | None = None, short: bool = False) -> dict[str, Any]:
     """One model's workload on both arms; ``plain_args``/``ocpc_args``: each arm's server flags;
-    ``limit``: only the workload's first steps (a smoke run on a slow model)."""
+    ``limit``: only the workload's first steps, ``short``: its conversations CI-sized
+    (workload.shortened) (both: a smoke run on a slow model)."""
     arms: list[Arm] = []
     for name in ("plain", "ocpc"):
         home = work / label / name
@@ -146,7 +147,10 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
     seen: list[list[int]] = []
     oracle_rows: list[int] = []
     try:
-        for i, (who, conv) in enumerate(steps(smoke=smoke)[:limit]):
+        plan = steps(smoke=smoke)[:limit]
+        for conv in {id(c): c for _, c in plan if c is not None}.values() if short else ():
+            workload.shortened(conv)
+        for i, (who, conv) in enumerate(plan):
             order = arms if i % 2 == 0 else arms[::-1]
             if conv is None:
                 for arm in order:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import sized
+from .helpers import FULL, sized
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +23,7 @@ sys.modules["agents_bench"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
 WINDOW = sized(60, 40)  # seconds of turns after the first requests (OCPC_FULL_TESTS=1: a minute)
+SHORT = not FULL  # the middles of the agents' system texts cut out (workload.shorten_system), not with OCPC_FULL_TESTS=1
 
 
 def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
@@ -35,11 +36,13 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
     conversation reuses nothing past the head, a slot the other front door was running a request
     on holds another prompt); conversations displaced come back from the server's RAM cache or
     their parks; nothing fails open; every slot and every lease is given back. Each agent's first
-    request is answered before the window opens (this machine prefills Gemma at ~120 tokens/s)."""
+    request is answered before the window opens (this machine prefills Gemma at ~100 tokens/s);
+    its system texts lose their middles unless OCPC_FULL_TESTS=1 (first requests of 883, 1,992 and
+    883 tokens instead of 2,303, 4,070 and 2,303: the test's time is mostly that prefill)."""
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
     point = bench.Point("ocpc", 3, 2)
     with bench.Launched(server.url, tmp_path / "ocpc") as launched:
-        agents = bench.make_agents(3, plugin=True)
+        agents = bench.make_agents(3, plugin=True, short=SHORT)
         assert [a.via for a in agents] == ["plugin", "proxy", "plugin"]
         bench.drive(launched.doors, agents, window=WINDOW, point=point, warmup=True)
         counters = launched.snapshot()
@@ -68,7 +71,7 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
     points = [bench.Point("ocpc", 2, 2), bench.Point("ocpc", 1, 2)]
     with bench.Launched(server.url, tmp_path / "ocpc") as first, bench.Launched(server.url, tmp_path / "ocpc") as second:
-        agents = bench.make_agents(3)
+        agents = bench.make_agents(3, short=SHORT)
         together = threading.Barrier(2)  # both windows open once all three first requests are answered
         runs = [threading.Thread(target=bench.drive, args=(doors, group),
                                  kwargs={"window": WINDOW, "point": point, "warmup": True, "together": together})

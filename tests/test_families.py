@@ -48,8 +48,17 @@ def family(llama_server, family_args):
         t.close()
 
 
+def sized(conv: workload.Conversation, model: str) -> workload.Conversation:
+    """Gemma's conversations CI-sized unless OCPC_FULL_TESTS=1 (workload.shortened: its head
+    ~900 tokens, still past the 512-token window, and shorter tool results): this machine
+    prefills it at ~100 tokens/s, and its cases were most of this file's time."""
+    return workload.shortened(conv) if model == "gemma3" and not FULL else conv
+
+
 def served(timings: Any, result: Any) -> bool:
-    return result.prefix_tokens > 1000 and timings.cache_n >= 0.9 * result.prefix_tokens
+    """The request reused its prefix: past Gemma's 512-token window (so not what the window
+    alone keeps), and at least 90% of it from cache."""
+    return result.prefix_tokens > 600 and timings.cache_n >= 0.9 * result.prefix_tokens
 
 
 def test_the_rigs_models_are_one_of_each_family(models, family_args) -> None:
@@ -66,22 +75,22 @@ def test_a_new_session_after_a_long_conversation_reuses_the_head(family, model: 
     only within its window or to a checkpoint, even with --swa-full, so there the head is
     restored, not taken for a hit (which re-processed all 2,303 tokens)."""
     server, t = family(model)
-    parent = workload.parent("ses_a")
+    parent = sized(workload.parent("ses_a"), model)
     for _ in range(3):
         t.turn(parent)
-    new, timings = t.turn(workload.other_project("ses_b"))
+    new, timings = t.turn(sized(workload.other_project("ses_b"), model))
     assert served(timings, new), (new, timings)
 
 
 @FAMILIES
 def test_a_new_session_and_one_after_a_restart_reuse_the_head(family, model: str) -> None:
     server, t = family(model)
-    first, _ = t.turn(workload.parent("ses_a"))
+    first, _ = t.turn(sized(workload.parent("ses_a"), model))
     assert first.action == "warmed", first
-    second, timings = t.turn(workload.other_project("ses_b"))
+    second, timings = t.turn(sized(workload.other_project("ses_b"), model))
     assert second.action in ("hit", "restored") and served(timings, second), (second, timings)
     server.restart()
-    after, timings = t.turn(workload.other_project("ses_c"))
+    after, timings = t.turn(sized(workload.other_project("ses_c"), model))
     assert after.action == "restored" and "gated" in after.reason, after
     assert served(timings, after), (after, timings)
     assert t.preparer.stats.counters["warmed"] == 1  # one prefill of the head, ever
@@ -97,7 +106,7 @@ def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_t
     OCPC_FULL_TESTS=1: its RAM swaps are what tests/test_agents.py's two slots run on."""
     for ram in (None, "1") if model != "gemma3" or FULL else ("1",):
         server, t = family(model, extra=("--cache-ram", ram) if ram else ())
-        parent, other = workload.parent(), workload.other_project()
+        parent, other = sized(workload.parent(), model), sized(workload.other_project(), model)
         for _ in range(3):
             t.turn(parent)
         displacing, _ = t.turn(other)
@@ -114,14 +123,14 @@ def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_t
 @FAMILIES
 def test_a_damaged_head_file_fails_its_gate_and_is_rebuilt(family, model: str) -> None:
     server, t = family(model)
-    t.turn(workload.parent("ses_a"))
+    t.turn(sized(workload.parent("ses_a"), model))
     server.restart()
     [head] = t.settings.slot_dir.glob("oc-prefix-*.bin")
     data = bytearray(head.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 64):  # damage the KV data, not the header
         data[i] ^= 0xFF
     head.write_bytes(bytes(data))
-    rebuilt, timings = t.turn(workload.other_project("ses_b"))
+    rebuilt, timings = t.turn(sized(workload.other_project("ses_b"), model))
     assert rebuilt.action == "warmed" and "gate failed" in rebuilt.reason, rebuilt
     assert t.preparer.stats.counters["gate_failed"] == 1
     assert t.preparer.stood_down() is None  # one damaged file is the file's fault, not the server's
@@ -157,14 +166,15 @@ def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_
     sessions = iter(f"ses_{i}" for i in range(10))
     answers = []
     for _ in range(4):
-        result, _ = t.turn(workload.other_project(next(sessions)) if answers else workload.parent(next(sessions)))
+        result, _ = t.turn(sized(workload.other_project(next(sessions)) if answers else workload.parent(next(sessions)),
+                                 "gemma3"))
         answers.append(result)
-        t.turn(workload.explore_subagent(next(sessions)))  # another head takes the slot in between
+        t.turn(sized(workload.explore_subagent(next(sessions)), "gemma3"))  # another head takes the slot in between
         if result.action == "skipped":
             break
     assert answers[-1].action == "skipped" and "standing down" in answers[-1].reason, answers
     assert t.preparer.stood_down() is not None
-    later, _ = t.turn(workload.other_project(next(sessions)))
+    later, _ = t.turn(sized(workload.other_project(next(sessions)), "gemma3"))
     assert later.action == "skipped" and "standing down" in later.reason
     server.restart()
     t.preparer.view.observe(0)  # the daemon's watcher notices the restart

@@ -47,6 +47,7 @@ class Conversation:
     parent: str = ""  # x-parent-session-id for subagents
     turns: int = 0
     sent: list[int] = field(default_factory=list)  # sizes of the bodies sent
+    lines: int = 45  # of each tool result (45: ~1.6k tokens)
 
     def next_body(self) -> dict[str, Any]:
         """The body of this conversation's next request (the first, or one more tool round)."""
@@ -56,7 +57,7 @@ class Conversation:
                 {"role": "assistant", "content": "", "tool_calls": [{
                     "id": f"call_{self.session}_{n}", "type": "function",
                     "function": {"name": "read", "arguments": json.dumps({"filePath": f"/home/dev/src/module_{n}.py"})}}]},
-                {"role": "tool", "tool_call_id": f"call_{self.session}_{n}", "content": tool_result(n)},
+                {"role": "tool", "tool_call_id": f"call_{self.session}_{n}", "content": tool_result(n, lines=self.lines)},
             ]
         self.turns += 1
         return copy.deepcopy(self.body)
@@ -67,6 +68,45 @@ class Conversation:
         if self.parent:
             out["x-parent-session-id"] = self.parent
         return out
+
+
+def shorten_system(body: dict[str, Any], keep: tuple[int, int]) -> None:
+    """Cut the middle out of every system text of a chat-completions or Anthropic body: its first
+    and last ``keep`` characters stay, so the stable head stays a head and what the harnesses
+    put last (OpenCode's <env>, pi's date and directory) stays last. The ``system`` field's
+    blocks and the system-role messages (Claude Code sends one too) are cut alike."""
+    first, last = keep
+
+    def text(value: str) -> str:
+        return value if len(value) <= first + last + 1 else value[:first] + "\n" + value[-last:]
+
+    def cut(content: Any) -> Any:
+        if isinstance(content, str):
+            return text(content)
+        if isinstance(content, list):
+            return [{**part, "text": text(part["text"])} if isinstance(part, dict) and "text" in part else part
+                    for part in content]
+        return content
+
+    if "system" in body:
+        body["system"] = cut(body["system"])
+    for message in body.get("messages", []):
+        if message.get("role") == "system":
+            message["content"] = cut(message["content"])
+
+
+#: What `shortened` keeps of the system text: on Gemma the head stays ~900 tokens, past its
+#: 512-token sliding window, so what the window does to a restore is still tested.
+SHORT_KEEP = (3600, 1500)
+
+
+def shortened(conv: Conversation, *, keep: tuple[int, int] = SHORT_KEEP, lines: int = 12) -> Conversation:
+    """``conv`` CI-sized for a model this machine prefills slowly (the real Gemma, ~100 tokens/s):
+    the middle of its system text cut out (``shorten_system``) and tool results of ``lines``
+    lines (12: ~450 tokens)."""
+    shorten_system(conv.body, keep)
+    conv.lines = lines
+    return conv
 
 
 def parent(session: str = "ses_parent") -> Conversation:
