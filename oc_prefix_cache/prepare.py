@@ -9,8 +9,8 @@ The flow, each step its own module:
 3. **the head plan** (planner.py): the request rendered and tokenized as the server will,
    its head's exact tokens and fingerprint; its files' states (ondisk.py);
 4. **the decision** (decision.py): pure, one table;
-5. **the action** (executor.py, parking.py, ramtier.py): park the occupant, restore or warm
-   behind the gates, within the deadline.
+5. **the action** (loading.py, executor.py, parking.py, ramtier.py): park the occupant, restore
+   or warm behind the gates, within the deadline.
 Answers: ``hit``, ``restored``, ``warmed``, ``skipped`` or ``failed`` (with a reason). The
 caller always forwards the real request, whatever the answer; the plugin or proxy then
 reports what the server reused (report.py), which binds the slot's new state to this
@@ -38,26 +38,24 @@ from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, SlotFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
 from .events import Event, EventLog
-from .executor import Contended, Done, Executor, GateFailed, Prefix
+from .executor import Executor
 from .families import CacheFacts
 from .fingerprint import ServerIdentity, server_key
 from .gc import AfterSaves
-from .gates import likely_cause
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
 from .parking import Parker, ParkTooBig
 from .parks import Park, find_park, project_key
 from .planner import HeadPlan, HeadPlanner
 from .lifecycle import Lifecycle
+from .loading import Loaded, Loader
 from .ondisk import OnDisk
 from .prepared import Record, Records
 from .ramtier import RamTier, Where
 from .report import Reporter
-from .server_info import flag_value
 from .server_view import ServerView
 from .settings import Settings
 from .slot_client import SlotClient, Timings
-from .slotfile import slot_filename
 from .standdown import StandDown, StoodDown
 from .store import Store, UsageLog, slot_key
 from .tracker import Holding, Seen, SlotTracker
@@ -88,19 +86,6 @@ class PrepareResult:
         data = asdict(self)
         data["elapsed_ms"] = round(self.elapsed_ms, 3)
         return data
-
-
-@dataclass(frozen=True)
-class _Loaded:
-    """What a prepare put in (or found in) the slot."""
-
-    done: Done
-    prefix: Prefix  # the prefix the request should reuse: head, project head, park, or the slot's own
-    expected: int  # its tokens
-    file: str  # the file restored or saved ("" for a hit)
-    source: str  # "slot" (a hit) | "head" | "proj" | "park" | "ram" (the server's RAM cache)
-    own: bool = False  # a hit on the conversation's own live state (nothing changed)
-    stored: int | None = None  # tokens of it in a file, when not ``expected`` (a RAM hit: its park's, if any)
 
 
 @dataclass(frozen=True)
@@ -177,6 +162,8 @@ class Preparer:
         self.reporter = Reporter(server=self.server, records=self.records, tracker=self.tracker, planner=self.planner,
                                  standdown=self.standdown, idle=self.idle, observe=self.view.observe,
                                  count=self._count, declare=self._declare, event=self._event)
+        self.loader = Loader(executor=self.executor, ram=self.ram, disk=self.disk, parker=self.parker, view=self.view,
+                             standdown=self.standdown, count=self._count, declare=self._declare)
         self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (lifecycle.py)
 
     # -- public ------------------------------------------------------------------------
@@ -456,7 +443,7 @@ class Preparer:
         return decide(facts_now, replace(request, in_ram=where.held > 0, ram_here=where.here)), where.held
 
     def _act(self, action: Action, facts: _Facts, slot: int, seen: Seen, *, deadline: Deadline,
-             ram_tokens: int) -> tuple[_Loaded, Holding, str]:
+             ram_tokens: int) -> tuple[Loaded, Holding, str]:
         """Carry the decision out under the slot's lock: park the occupant first if it says so,
         load (or find) the prefix, save a project head; record what the slot holds now."""
         parked = ""
@@ -470,14 +457,16 @@ class Preparer:
                       f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
         tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(action.target, 0)
         with self._doing(slot, f"{action.kind} {action.target}", tokens):
-            loaded = self._carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
-                                     server=facts.server, deadline=deadline, ram_tokens=ram_tokens, base=facts.base)
+            loaded = self.loader.carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
+                                           server=facts.server, deadline=deadline, ram_tokens=ram_tokens,
+                                           base=facts.base)
+        save = self.loader.save_project
         if action.save_project and facts.project is not None:
             if facts.base is not None and facts.base_file is FileState.MISSING and loaded.prefix.kind == "head":
-                loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.base, tokens=facts.plan.base,
-                                            server=facts.server, identity=facts.identity, deadline=deadline)
-            loaded = self._save_project(facts.plan, loaded, slot, seen, key=facts.project, tokens=facts.plan.project,
-                                        server=facts.server, identity=facts.identity, deadline=deadline)
+                loaded = save(facts.plan, loaded, slot, seen, key=facts.base, tokens=facts.plan.base,
+                              server=facts.server, identity=facts.identity, deadline=deadline)
+            loaded = save(facts.plan, loaded, slot, seen, key=facts.project, tokens=facts.plan.project,
+                          server=facts.server, identity=facts.identity, deadline=deadline)
         holding = self._holding_after(loaded, facts.plan, slot, seen, conversation=facts.conversation,
                                       deadline=deadline)
         self.tracker.leave(self.server, slot, holding, trail=facts.trail, epoch=seen.epoch)
@@ -521,82 +510,6 @@ class Preparer:
             with self._guard:
                 self._in_flight.pop(slot, None)
 
-    def _carry_out(self, action: Action, plan: HeadPlan, slot: int, seen: Seen, *, park: Park | None,
-                   project: str | None, server: ServerIdentity, deadline: Deadline, ram_tokens: int = 0,
-                   base: str | None = None) -> _Loaded:
-        """Do what the decision says; a longer prefix that fails its gates falls back to the
-        head, a head that fails them is rebuilt. ``ram_tokens``: what the RAM model says the
-        server's RAM cache holds of this conversation (a RAM hit expects that much reused)."""
-        head = Prefix("head", plan.fingerprint, plan.tokens)
-        if action.kind == "hit" and action.target == "ram":  # the server loads it: expect its whole history
-            if action.clear_first:
-                self.ram.clear(slot, plan.request_tokens, deadline=deadline)
-            tokens = ram_tokens
-            stored = park.n_tokens if park else 0
-            return _Loaded(Done("hit", action.reason, False), Prefix("conv", park.key if park else "", ()),
-                           tokens, "", "ram", stored=stored)
-        if action.kind == "hit":
-            holding = seen.holding
-            exact = bool(holding and holding.exact)
-            if action.target == "slot" and holding is not None:  # the conversation's own live state
-                return _Loaded(Done("hit", action.reason, exact), Prefix(holding.kind, holding.key, ()),
-                               holding.n_tokens, "", "slot", own=True)
-            if action.target == "proj" and project is not None:
-                return _Loaded(Done("hit", action.reason, exact), Prefix("proj", project, plan.project),
-                               len(plan.project), "", "slot")
-            if action.target == "base" and base is not None:
-                return _Loaded(Done("hit", action.reason, exact), Prefix("proj", base, plan.base),
-                               len(plan.base), "", "slot")
-            return _Loaded(Done("hit", action.reason, exact), head, len(plan.tokens), "", "slot")
-        if action.kind != "restore":
-            done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
-                                           why=action.reason)
-            return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
-        if action.clear_first:  # the occupant to the server's RAM cache before the restore wipes the slot
-            self.ram.clear(slot, plan.request_tokens, deadline=deadline)
-        prefix = {"proj": Prefix("proj", project or "", plan.project), "base": Prefix("proj", base or "", plan.base),
-                  "park": Prefix("conv", park.key if park else "", ())}.get(action.target, head)
-        try:
-            done = self.executor.restore(prefix, plan, slot, prove=action.prove, before=seen.now,
-                                         epoch=seen.epoch, deadline=deadline, witnessed=self.view.witnessed())
-        except GateFailed as failure:
-            self.executor.erase_quietly(slot, deadline=deadline)
-            if prefix.kind != "head":
-                self._count(f"gate_failed:{prefix.kind}")
-                log.warning("%s %s failed its gates (%s); loading the head instead",
-                            "project head" if prefix.kind == "proj" else "park", prefix.key, failure)
-                fallback = "restore" if self.disk.state("head", plan.fingerprint) is not FileState.MISSING else "warm"
-                return self._carry_out(replace(action, target="head", prove=True, kind=fallback), plan, slot, seen,
-                                       park=None, project=project, server=server, deadline=deadline, base=base)
-            self._count("gate_failed")
-            self._condemned(plan, failure, server=server)
-            why = self.standdown.probe_failed(seen.epoch) if failure.probe else None
-            if why is not None:
-                self._declare(seen.epoch, why)
-                raise StoodDown(f"standing down on this server: {why}")
-            done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
-                                           why=f"gate failed ({failure}); rebuilt")
-            return _Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")
-        except Contended as exc:
-            self._count("contended")
-            raise OcpcError(f"contention: {exc}") from exc
-        if done.proved:
-            self.standdown.proof(seen.epoch)
-        n = len(done.tokens) - done.probe
-        source = "proj" if action.target == "base" else action.target  # a shorter project head is one too
-        return _Loaded(replace(done, reason=f"{action.reason}: {done.reason}"), Prefix(prefix.kind, prefix.key,
-                       done.tokens[:n]), n, slot_filename(prefix.key, prefix.kind), source)
-
-    def _save_project(self, plan: HeadPlan, loaded: _Loaded, slot: int, seen: Seen, *, key: str,
-                      tokens: tuple[int, ...], server: ServerIdentity, identity: str, deadline: Deadline) -> _Loaded:
-        """Extend what the slot holds to ``tokens`` (the project head, or its shorter level) and save it."""
-        done = self.parker.save_project(plan, slot, seen, key=key, tokens=tokens, server=server, identity=identity,
-                                        deadline=deadline)
-        if done is None:
-            return loaded
-        return _Loaded(Done(loaded.done.action, f"{loaded.done.reason}; {done.reason}", True, tokens),
-                       Prefix("proj", key, tokens), len(tokens), slot_filename(key, "proj"), loaded.source)
-
     def _park_occupant(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
                        deadline: Deadline) -> Seen:
         try:
@@ -610,7 +523,7 @@ class Preparer:
         self._count("parked")
         return after
 
-    def _holding_after(self, loaded: _Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
+    def _holding_after(self, loaded: Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
                        deadline: Deadline) -> Holding:
         """What the slot holds now, vouched for by a fresh observation (a plain hit changed nothing)."""
         done = loaded.done
@@ -730,12 +643,6 @@ class Preparer:
                 self.stats.events.append({"action": "stand_down", "reason": why, "at": time.time()})
 
     # -- helpers -----------------------------------------------------------------------
-    def _condemned(self, plan: HeadPlan, failure: GateFailed, *, server: Any) -> None:
-        step = flag_value(self.view.argv() or [], ("--checkpoint-min-step", "-cms"))
-        log.error("restore gate failed for %s: %s; likely cause: %s; rebuilding", slot_filename(plan.fingerprint),
-                  failure, likely_cause(cache=server.cache, build_info=server.build, head_tokens=len(plan.tokens),
-                                        checkpoint_min_step=int(step) if step and step.isdigit() else None))
-
     def _answer(self, action: str, fp: str, expected: int, reason: str, *, slot: int, epoch: int,
                 conversation: str, file: str, split: bool, tools_in_head: bool | None, stored: int,
                 source: str) -> PrepareResult:
