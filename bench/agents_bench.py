@@ -529,13 +529,13 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
         if arm == "ocpc":
             with Launched(server.url, home) as launched:  # its slot folder is the server's
                 broke = Fault(fault, server, launched, at=window / 2) if fault else None
-                drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines, short=short), window=window, point=point,
-                      fault=broke, warmup=warmup, on_start=lambda: opened(launched))
+                drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines, short=short), window=window,
+                      point=point, fault=broke, warmup=warmup, on_start=lambda: opened(launched))
                 point.ocpc = dict(launched.counters + launched.snapshot() - baseline["counters"])
         else:
             broke = Fault(fault, server, None, at=window / 2) if fault else None
-            drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines, short=short), window=window, point=point,
-                  fault=broke, warmup=warmup, on_start=lambda: opened(None))
+            drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines, short=short), window=window,
+                  point=point, fault=broke, warmup=warmup, on_start=lambda: opened(None))
         done = server_counters(server.url)
         used = cpu_seconds(server.pid)
         if cpu and cpu[0][1] is not None and used is not None and not broke:

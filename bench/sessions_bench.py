@@ -127,8 +127,8 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
                 plain_args: tuple[str, ...] = FLAGS, ocpc_args: tuple[str, ...] = FLAGS,
                 limit: int | None = None, short: bool = False) -> dict[str, Any]:
     """One model's workload on both arms; ``plain_args``/``ocpc_args``: each arm's server flags;
-    ``limit``: only the workload's first steps, ``short``: its conversations CI-sized
-    (workload.shortened) (both: a smoke run on a slow model)."""
+    ``limit``: only the workload's first steps; ``short``: its conversations CI-sized by
+    ``workload.shortened`` (both for a smoke run on a slow model)."""
     arms: list[Arm] = []
     for name in ("plain", "ocpc"):
         home = work / label / name
@@ -148,8 +148,9 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
     oracle_rows: list[int] = []
     try:
         plan = steps(smoke=smoke)[:limit]
-        for conv in {id(c): c for _, c in plan if c is not None}.values() if short else ():
-            workload.shortened(conv)
+        if short:  # each conversation once: the steps share them
+            for conv in {id(c): c for _, c in plan if c is not None}.values():
+                workload.shortened(conv)
         for i, (who, conv) in enumerate(plan):
             order = arms if i % 2 == 0 else arms[::-1]
             if conv is None:

@@ -50,7 +50,7 @@ def family(llama_server, family_args):
 
 def sized(conv: workload.Conversation, model: str) -> workload.Conversation:
     """Gemma's conversations CI-sized unless OCPC_FULL_TESTS=1 (workload.shortened: its head
-    ~900 tokens, still past the 512-token window, and shorter tool results): this machine
+    823 tokens, still past the 512-token window, and shorter tool results): this machine
     prefills it at ~100 tokens/s, and its cases were most of this file's time."""
     return workload.shortened(conv) if model == "gemma3" and not FULL else conv
 

@@ -57,7 +57,8 @@ class Conversation:
                 {"role": "assistant", "content": "", "tool_calls": [{
                     "id": f"call_{self.session}_{n}", "type": "function",
                     "function": {"name": "read", "arguments": json.dumps({"filePath": f"/home/dev/src/module_{n}.py"})}}]},
-                {"role": "tool", "tool_call_id": f"call_{self.session}_{n}", "content": tool_result(n, lines=self.lines)},
+                {"role": "tool", "tool_call_id": f"call_{self.session}_{n}",
+                 "content": tool_result(n, lines=self.lines)},
             ]
         self.turns += 1
         return copy.deepcopy(self.body)
@@ -95,7 +96,7 @@ def shorten_system(body: dict[str, Any], keep: tuple[int, int]) -> None:
             message["content"] = cut(message["content"])
 
 
-#: What `shortened` keeps of the system text: on Gemma the head stays ~900 tokens, past its
+#: What `shortened` keeps of the system text: on Gemma the head stays 823 tokens (of 1,888), past its
 #: 512-token sliding window, so what the window does to a restore is still tested.
 SHORT_KEEP = (3600, 1500)
 
