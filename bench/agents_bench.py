@@ -144,8 +144,8 @@ class Agent:
 
 def make_agents(k: int, *, plugin: bool = False, lines: int = TOOL_LINES, short: bool = False) -> list[Agent]:
     """K agents, cycling through the harnesses; each its own project and session. ``plugin``:
-    OpenCode's agents take the plugin's path (the daemon), the others the proxy. ``short``: their
-    system texts cut to ``SHORT_SYSTEM_CHARS`` (a smoke-sized first request)."""
+    OpenCode's agents take the plugin's path (the daemon), the others the proxy. ``short``: the
+    middles of their system texts cut out (``SHORT_SYSTEM_CHARS``: a smoke-sized first request)."""
     agents = []
     for i in range(k):
         kind = ("opencode-A", "claude-code", "opencode-B", "pi")[i % 4]
@@ -176,7 +176,6 @@ def make_agents(k: int, *, plugin: bool = False, lines: int = TOOL_LINES, short:
         if short:
             workload.shorten_system(agent.body, SHORT_SYSTEM_CHARS)
     return agents
-
 
 
 @dataclass

@@ -91,5 +91,6 @@ def main() -> None:
     print(f"swa-full/plain: decode time per token {ratio['decode_ms_per_token']:.2f}x, "
           f"prefill speed {ratio['prefill_tokens_per_s']:.2f}x")
 
+
 if __name__ == "__main__":
     main()
