@@ -76,7 +76,7 @@ class Lifecycle:
                     else:
                         server = self.p.view.identity(share)
                         identity = server_key(server, ocpc_version=__version__)
-                        after = self.p._park_occupant(seen, slot, server=server, identity=identity, deadline=share)
+                        after = self.p.occupant.park(seen, slot, server=server, identity=identity, deadline=share)
                         item["parked"] = True
                         item["why"] = f"parked {after.holding.n_tokens if after.holding else 0} tokens"
             except OcpcError as exc:

@@ -9,8 +9,8 @@ The flow, each step its own module:
 3. **the head plan** (planner.py): the request rendered and tokenized as the server will,
    its head's exact tokens and fingerprint; its files' states (ondisk.py);
 4. **the decision** (decision.py): pure, one table;
-5. **the action** (loading.py, executor.py, parking.py, ramtier.py): park the occupant, restore
-   or warm behind the gates, within the deadline.
+5. **the action** (occupant.py, loading.py, executor.py, parking.py, ramtier.py): park the occupant,
+   restore or warm behind the gates, within the deadline.
 Answers: ``hit``, ``restored``, ``warmed``, ``skipped`` or ``failed`` (with a reason). The
 caller always forwards the real request, whatever the answer; the plugin or proxy then
 reports what the server reused (report.py), which binds the slot's new state to this
@@ -35,20 +35,20 @@ from .ahead import AheadWriter, IdleSlots
 from .broker import SlotBroker
 from .conversation import Trail, chain_id, follow, parse
 from .deadline import Deadline
-from .decision import Action, FileState, RequestFacts, SlotFacts, decide
+from .decision import Action, FileState, RequestFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
 from .events import Event, EventLog
 from .executor import Executor
-from .families import CacheFacts
 from .fingerprint import ServerIdentity, server_key
 from .gc import AfterSaves
 from .harness.base import head_by_markers
 from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
-from .parking import Parker, ParkTooBig
+from .parking import Parker
 from .parks import Park, find_park, project_key
 from .planner import HeadPlan, HeadPlanner
 from .lifecycle import Lifecycle
 from .loading import Loaded, Loader
+from .occupant import Occupant, slot_facts
 from .ondisk import OnDisk
 from .prepared import Record, Records
 from .ramtier import RamTier, Where
@@ -65,7 +65,6 @@ log = logging.getLogger("ocpc.prepare")
 ACTIONS = ("hit", "restored", "warmed", "skipped", "failed")
 #: A harness's rule for the stable head of a chat body (harness/ adapters' ``head``).
 HeadRule = Callable[[dict[str, Any]], Head | Skip]
-BUSY_WAIT_S = 2.0  # how long a prepare waits for a slot the server shows processing (then: skip)
 # A slot a prepare answered for this recently is still its request's: the request may not have
 # reached the server yet (the plugin sends it after the answer), so a warm start after a router's
 # load leaves it alone.
@@ -155,10 +154,13 @@ class Preparer:
         self.ram = RamTier(server=self.server, client=client, tracker=self.tracker, argv=self.view.argv,
                            bytes_per_token=lambda: self.executor.costs.bytes_per_token, busy=self.broker.table.busy,
                            count=self._count)
+        # the slot's occupant: parked before anything runs over it, waited for (occupant.py)
+        self.occupant = Occupant(server=self.server, tracker=self.tracker, view=self.view, parker=self.parker,
+                                 ram=self.ram, park_min_tokens=settings.park_min_tokens, count=self._count)
         self.ahead = AheadWriter(server=self.server, tracker=self.tracker, idle=self.idle,
                                  seconds_for=self.executor.costs.seconds_for,
                                  observe=lambda slot, deadline: self.view.observe(slot, deadline=deadline),
-                                 park=self._park_with_identity, count=self._count, ram_over=self.ram.over)
+                                 park=self.occupant.park_with_identity, count=self._count, ram_over=self.ram.over)
         self.reporter = Reporter(server=self.server, records=self.records, tracker=self.tracker, planner=self.planner,
                                  standdown=self.standdown, idle=self.idle, observe=self.view.observe,
                                  count=self._count, declare=self._declare, event=self._event)
@@ -345,7 +347,7 @@ class Preparer:
             return facts
         plan = facts.plan
         with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-            seen = self._until_idle(slot, self.view.observe(slot, deadline=deadline), deadline=deadline)
+            seen = self.occupant.until_idle(slot, self.view.observe(slot, deadline=deadline), deadline=deadline)
             action, in_ram = self._decide(facts, seen, slot)
             self.ram.follow(action, slot, seen, plan.request_tokens, facts.conversation)
             self.ram.runs(slot, plan.request_tokens, epoch=seen.epoch)
@@ -408,7 +410,7 @@ class Preparer:
         continuing = any(m.get("role") == "assistant" for m in body.messages[preamble:])
         system = message_text(body.messages[0]) if body.messages and head.project else None
         if continuing:  # its park may be being written right now, by whoever took its slot
-            self._await_park(conversation, slot, deadline=deadline)
+            self.occupant.await_park(conversation, slot, deadline=deadline)
         index = self.disk.index()
         park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
             if continuing and index is not None else None
@@ -437,8 +439,8 @@ class Preparer:
             else Where(0, False)
         whole, stashable = self.ram.keeps_occupant(seen)
         stashable = stashable and seen.holding is not None and seen.holding.conversation != facts.conversation
-        facts_now = replace(_slot_facts(seen, facts.conversation, cache=facts.server.cache,
-                                        park_min=self.settings.park_min_tokens),
+        facts_now = replace(slot_facts(seen, facts.conversation, cache=facts.server.cache,
+                                       park_min=self.settings.park_min_tokens),
                             occupant_in_ram=whole, occupant_stashable=stashable)
         return decide(facts_now, replace(request, in_ram=where.held > 0, ram_here=where.here)), where.held
 
@@ -452,7 +454,7 @@ class Preparer:
         if action.park_first:
             self.ahead.displaced()
             parking = time.perf_counter()
-            seen = self._park_occupant(seen, slot, server=facts.server, identity=facts.identity, deadline=deadline)
+            seen = self.occupant.park(seen, slot, server=facts.server, identity=facts.identity, deadline=deadline)
             parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
                       f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
         tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(action.target, 0)
@@ -510,19 +512,6 @@ class Preparer:
             with self._guard:
                 self._in_flight.pop(slot, None)
 
-    def _park_occupant(self, seen: Seen, slot: int, *, server: ServerIdentity, identity: str,
-                       deadline: Deadline) -> Seen:
-        try:
-            after = self.parker.park(seen, slot, server=server, identity=identity, deadline=deadline)
-        except ParkTooBig:
-            self._count("park_failed:over_cap")
-            raise
-        except OcpcError:
-            self._count("park_failed")
-            raise
-        self._count("parked")
-        return after
-
     def _holding_after(self, loaded: Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str,
                        deadline: Deadline) -> Holding:
         """What the slot holds now, vouched for by a fresh observation (a plain hit changed nothing)."""
@@ -538,83 +527,16 @@ class Preparer:
                        n_tokens=len(done.tokens) or loaded.expected, exact=done.exact, left=now,
                        conversation=conversation, stored=loaded.expected)
 
-    # -- under load: other requests, other slots -------------------------------------------
-    def _until_idle(self, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
-        """The slot as it is once no request runs in it, waiting at most ``BUSY_WAIT_S``. Why: a
-        slot action on a busy slot is deferred by the server until that request's generation
-        ends, then wipes what it left unparked (and lands even after ocpc's call timed out).
-        Right after a request of ours ends the server may still show it busy for a moment."""
-        waited = Deadline.after(min(BUSY_WAIT_S, deadline.remaining()))
-        while seen.now.busy and waited.remaining() > 0:
-            time.sleep(0.02)
-            seen = self.view.observe(slot, deadline=deadline)
-        return seen
-
-    def _await_park(self, conversation: str, slot: int, *, deadline: Deadline) -> None:
-        """A conversation going on in a slot other than the one that holds it, while that slot
-        holds its unsaved tail: whoever took that slot is parking it (or about to). Wait until the
-        tracker shows that slot moved on, so the index read next finds the park, instead of
-        re-prefilling from the head. Bounded by the deadline; a few microseconds when not so."""
-        def live_elsewhere() -> bool:
-            for other in self.tracker.slots(self.server):
-                holding = self.tracker.holding(self.server, other)
-                if (other != slot and holding is not None and holding.kind == "conv"
-                        and holding.conversation == conversation and holding.stored < holding.n_tokens):
-                    return True
-            return False
-
-        if not conversation or not live_elsewhere():
-            return
-        started = time.perf_counter()
-        while live_elsewhere() and deadline.remaining() > 0.05:
-            time.sleep(0.02)
-        self._count("waited_for_park")
-        log.info("%s went on in slot %d while another slot held it: waited %.0f ms for its park", conversation,
-                 slot, (time.perf_counter() - started) * 1000)
-
     def _side(self, why: str, slot: int, deadline: Deadline) -> PrepareResult:
         """A request with no head (a title, a summary): nothing to load. What it displaces is
         parked first, and its report marks the slot as holding a side request (nothing to keep),
         so the conversation's next turn restores its park there instead of leaving the slot alone
         as one whose contents ocpc cannot vouch for."""
-        reason = why + self._park_for_side(slot, deadline)
+        reason = why + self.occupant.park_for_side(slot, deadline)
         prepare_id = self.records.keep(Record(slot=slot, epoch=self.tracker.epoch(self.server), action="side",
                                               fingerprint="", expected=0, conversation="", file="",
                                               planned_split=False, stored=0))
         return PrepareResult("skipped", reason=reason, prepare_id=prepare_id)
-
-    def _park_for_side(self, slot: int, deadline: Deadline) -> str:
-        """Before a request with no head (a title) runs over the slot's conversation, park it: it
-        would otherwise be lost to that request. Failing here fails nothing: the request goes on.
-        The server's identity is read only when there is a conversation to park (a title on a
-        slot without one costs one look at the slots)."""
-        try:
-            with self.tracker.slot_lock(self.server, slot, deadline=deadline):
-                seen = self._until_idle(slot, self.view.observe(slot, deadline=deadline), deadline=deadline)
-                if seen.now.busy or seen.holding is None or seen.holding.kind != "conv":
-                    return ""
-                server = self.view.identity(deadline)
-                if server.cache.restores_serve:
-                    return ""
-                facts = _slot_facts(seen, "", cache=server.cache, park_min=self.settings.park_min_tokens)
-                if not (facts.known and facts.occupant_parkable):
-                    return ""
-                if self.ram.keeps_occupant(seen)[0]:
-                    return "; the slot's conversation is whole in the server's RAM cache: not parked to disk"
-                parking = time.perf_counter()
-                after = self._park_occupant(seen, slot, server=server,
-                                            identity=server_key(server, ocpc_version=__version__), deadline=deadline)
-        except OcpcError as exc:
-            log.warning("could not park slot %d's conversation before a request without a head: %s", slot, exc)
-            return f"; the slot's conversation could not be parked first ({exc})"
-        return (f"; parked the slot's conversation first ({after.holding.n_tokens if after.holding else 0} tokens "
-                f"in {(time.perf_counter() - parking) * 1000:.0f} ms)")
-
-    def _park_with_identity(self, seen: Seen, slot: int, deadline: Deadline) -> Seen:
-        """Park the slot's conversation (the park ahead's way: the server's identity read first)."""
-        server = self.view.identity(deadline)
-        return self.parker.park(seen, slot, server=server, identity=server_key(server, ocpc_version=__version__),
-                                deadline=deadline)
 
     # -- standing down ---------------------------------------------------------------
     def _standing_down(self, slot: int, deadline: Deadline) -> PrepareResult | None:
@@ -669,18 +591,6 @@ class Preparer:
 def _in_a_thread(job: Callable[[], None]) -> None:
     """Work nobody waits on, when no background worker was given (the daemon gives one)."""
     threading.Thread(target=job, name="ocpc-job", daemon=True).start()
-
-
-def _slot_facts(seen: Seen, conversation: str, *, cache: CacheFacts, park_min: int) -> SlotFacts:
-    holding = seen.holding
-    parkable = (holding is not None and holding.kind == "conv" and bool(holding.conversation)
-                and holding.conversation != conversation and seen.trail is not None
-                and holding.n_tokens - holding.stored >= park_min)
-    return SlotFacts(restarted=seen.restarted, known=holding is not None, empty=not seen.now.n_tokens,
-                     busy=seen.now.busy,
-                     holds_head=holding.head if holding else None, exact=bool(holding and holding.exact),
-                     holds_conversation=holding.conversation if holding else "", partial_cache=cache.partial_cache,
-                     exact_key=holding.key if holding and holding.exact else None, occupant_parkable=parkable)
 
 
 def _continues(previous: Trail, current: Trail) -> bool:

@@ -494,10 +494,10 @@ def test_a_next_turn_while_its_slot_is_being_taken_waits_for_its_park(tmp_path: 
 
     threading.Thread(target=park_done).start()
     started = time.monotonic()
-    t.preparer._await_park("ses_a", 1, deadline=Deadline.after(5))
+    t.preparer.occupant.await_park("ses_a", 1, deadline=Deadline.after(5))
     assert 0.35 < time.monotonic() - started < 2.0
     started = time.monotonic()  # nothing in flight: no wait at all
-    t.preparer._await_park("ses_a", 1, deadline=Deadline.after(5))
-    t.preparer._await_park("ses_b", 1, deadline=Deadline.after(5))
+    t.preparer.occupant.await_park("ses_a", 1, deadline=Deadline.after(5))
+    t.preparer.occupant.await_park("ses_b", 1, deadline=Deadline.after(5))
     assert time.monotonic() - started < 0.05
     t.close()
