@@ -50,8 +50,10 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
         busy = broker.table.snapshot()
         leases = broker.leases()
     assert not point.failed, point.failed
-    # both front doors served turns (not a count in the window: speed lives in bench/)
-    assert {t.agent.split("-")[0] for t in point.turns} == {"opencode", "claude"}, point.turns
+    # both front doors served turns (not a count in the window: speed lives in bench/). A turn that
+    # ended after the window counts: on a loaded machine a 40 s window held one turn in all.
+    served = point.turns + point.late
+    assert {t.agent.split("-")[0] for t in served} == {"opencode", "claude"}, served
     assert counters.get("report_missed", 0) == 0, counters  # no false hit, no wrong park
     assert counters.get("report_served", 0) >= len(point.turns) - 3, counters  # the plugin's reports too
     # displaced conversations come back from the server's RAM cache or from their parks
