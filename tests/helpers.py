@@ -38,16 +38,16 @@ FULL = os.environ.get("OCPC_FULL_TESTS") == "1"
 #: start with its first 6.9k-token request takes 2.89 s instead of 4.26 (medians of 6 + 6 starts,
 #: alternated, quiet machine; 2.4 s against 5.3 to `/health` on a loaded one). `--fit` loads the
 #: model once more to size it for a device's memory (1.09 s in the server's log, ending "no
-#: changes needed"), and the warm-up runs an empty batch whose state is cleared after. The rig tests start a server in 95
-#: places, most of them parametrized or restarted. Neither flag touches a slot, a cache or a flag
-#: ocpc's fingerprint reads; the benches keep both (a cold arm's first request is timed).
+#: changes needed"), and the warm-up runs an empty batch whose state is cleared after. The rig
+#: tests start a server in 95 places, most of them parametrized or restarted. Neither flag touches
+#: a slot, a cache or a flag ocpc's fingerprint reads; the benches keep both (a cold arm's first
+#: request is timed).
 #: `OCPC_TEST_SERVER_THREADS=N` adds `-t N`: tests/run.sh runs the agents' end-to-end tests beside
 #: the benches on the tiny models with their servers on one thread, so that they leave the bench's
 #: server a core (with 2-thread servers, two pytest runs side by side on 2 cores were slower than
 #: one after the other).
-TEST_SERVER_ARGS = ("--poll", "0", "--fit", "off", "--no-warmup", *(("-t", os.environ["OCPC_TEST_SERVER_THREADS"])
-                                                                     if os.environ.get("OCPC_TEST_SERVER_THREADS")
-                                                                     else ()))
+_THREADS = os.environ.get("OCPC_TEST_SERVER_THREADS")
+TEST_SERVER_ARGS = ("--poll", "0", "--fit", "off", "--no-warmup", *(("-t", _THREADS) if _THREADS else ()))
 
 
 def sized(full: int, smaller: int) -> int:

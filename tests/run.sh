@@ -53,15 +53,16 @@ run_pytest() {
   .venv/bin/python -m pytest "$@" 2>&1 | tee "$out"
   local code=${PIPESTATUS[0]}
   set -e
-  if [ "$code" -eq 5 ]; then
+  judge_pytest "$code" "$out"
+}
+# judge_pytest CODE LOG: end the run unless pytest passed; count what passed.
+judge_pytest() {
+  if [ "$1" -eq 5 ]; then
     echo "pytest collected no tests: that is a failure here" >&2
     exit 1
   fi
-  [ "$code" -eq 0 ] || exit "$code"
-  count_passed "$out"
-}
-count_passed() {
-  passed=$((passed + $(grep -Eo '[0-9]+ passed' "$1" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
+  [ "$1" -eq 0 ] || exit "$1"
+  passed=$((passed + $(grep -Eo '[0-9]+ passed' "$2" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
 }
 
 if [ $# -eq 0 ]; then
@@ -91,10 +92,10 @@ if [ $# -eq 0 ]; then
   # an agent's binary spends most of its session starting up on one core (Kilo ~25 s a run,
   # OpenHands and Aider their imports) while its server idles. Their servers run on one thread
   # (OCPC_TEST_SERVER_THREADS): with 2-thread test servers, two pytest runs side by side on 2 cores
-  # did ~15.5 min of their one-after-the-other work in 18 min, and a concurrency test failed. So
-  # measured (2026-12-05): the end-to-end tests took 940 s beside the benches (the benches 527 s),
-  # against ~1,060 s for both one after the other on that machine; with the benches niced, 780 s
-  # (the benches 483 s; one run each, hours apart).
+  # did ~15.5 min of their one-after-the-other work in 18 min, and a concurrency test failed.
+  # Measured 2026-12-05: the end-to-end tests took 940 s beside the benches (the benches 527 s),
+  # against ~1,060 s for both one after the other; with the benches niced, 780 s (the benches
+  # 483 s; one run each, hours apart).
   step "pytest: the agents' end-to-end tests (in the background, beside the next steps)"
   e2e_log=$(mktemp)
   OCPC_TEST_SERVER_THREADS=1 .venv/bin/python -m pytest -m rig --durations=20 tests/test_e2e_*.py >"$e2e_log" 2>&1 &
@@ -115,12 +116,7 @@ if [ $# -eq 0 ]; then
   e2e_code=0
   wait "$e2e_pid" || e2e_code=$?
   cat "$e2e_log"
-  if [ "$e2e_code" -eq 5 ]; then
-    echo "pytest collected no tests: that is a failure here" >&2
-    exit 1
-  fi
-  [ "$e2e_code" -eq 0 ] || exit "$e2e_code"
-  count_passed "$e2e_log"
+  judge_pytest "$e2e_code" "$e2e_log"
 
   # The benches on the real Gemma model last, alone: they load both cores.
   smoke .venv/bin/python bench/families_bench.py --smoke
