@@ -41,7 +41,10 @@ from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E
 from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
 
-ARMS = {"plain": (), "swa-full": ("--swa-full",)}
+ARMS = {"plain": (), "swa-full": ("--swa-full",),
+        # Each slot its own KV stream (`--no-kv-unified`): a slot's attention spans its own cells,
+        # not the pool's used range, which with `--swa-full` every SWA layer would read.
+        "swa-full-split": ("--swa-full", "--no-kv-unified"), "plain-split": ("--no-kv-unified",)}
 
 
 def measure(binary: Path, model: Path, work: Path, *, flags: tuple[str, ...], slots: int, words: int,
@@ -72,6 +75,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--words", type=int, default=700, help="words per prompt (700: ~4.1k tokens)")
     parser.add_argument("--predict", type=int, default=64)
+    parser.add_argument("--arms", default="plain,swa-full",
+                        help=f"comma-separated, the first is the baseline; of {', '.join(ARMS)}")
     parser.add_argument("--smoke", action="store_true",
                         help="CI: 2 slots, 40 words (~250 tokens), 8 tokens each, so the script cannot rot")
     args = parser.parse_args()
@@ -81,20 +86,25 @@ def main() -> None:
     settings = Settings.from_env(dict(os.environ))
     rig = ensure_rig(settings)
     model = ensure_real_model(rig, settings, "gemma3")
-    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    arms = args.arms.split(",")
+    if unknown := [arm for arm in arms if arm not in ARMS]:
+        parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="ocpc-swa-") as tmp:
-        for arm in ("plain", "swa-full", "swa-full", "plain"):  # A B B A
+        for arm in [*arms, *reversed(arms)]:  # A B C C B A
             row = measure(rig.server, model, Path(tmp), flags=ARMS[arm], slots=args.slots, words=args.words,
                           predict=args.predict)
             results[arm].append(row)
-            print(f"{arm:9s} decode {row['decode_ms_per_token']:7.1f} ms/token  prefill "
+            print(f"{arm:14s} decode {row['decode_ms_per_token']:7.1f} ms/token  prefill "
                   f"{row['prefill_tokens_per_s']:6.1f} tokens/s  ({row['prompt_tokens']} prompt tokens, "
                   f"{args.slots} slots at once)", flush=True)
     mean = {arm: {k: statistics.mean(r[k] for r in rows) for k in ("decode_ms_per_token", "prefill_tokens_per_s")}
             for arm, rows in results.items()}
-    ratio = {k: mean["swa-full"][k] / mean["plain"][k] for k in mean["plain"]}
-    print(f"swa-full/plain: decode time per token {ratio['decode_ms_per_token']:.2f}x, "
-          f"prefill speed {ratio['prefill_tokens_per_s']:.2f}x")
+    base = arms[0]
+    for arm in arms[1:]:
+        ratio = {k: mean[arm][k] / mean[base][k] for k in mean[base]}
+        print(f"{arm}/{base}: decode time per token {ratio['decode_ms_per_token']:.2f}x, "
+              f"prefill speed {ratio['prefill_tokens_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ FULL = os.environ.get("OCPC_FULL_TESTS") == "1"
 #: tests start a server in 95 places, most of them parametrized or restarted. Neither flag touches
 #: a slot, a cache or a flag ocpc's fingerprint reads; the benches keep both (a cold arm's first
 #: request is timed).
-#: `OCPC_TEST_SERVER_THREADS=N` adds `-t N`: tests/run.sh runs the agents' end-to-end tests beside
-#: the benches on the tiny models with their servers on one thread, so that they leave the bench's
-#: server a core (with 2-thread servers, two pytest runs side by side on 2 cores were slower than
-#: one after the other).
+#: `OCPC_TEST_SERVER_THREADS=N` adds `-t N`: tests/run.sh runs the rig tests on two pytest workers
+#: and the agents' end-to-end tests beside the benches, each with its servers on one thread, so two
+#: servers share the two cores (with 2-thread servers, two pytest runs side by side on 2 cores were
+#: slower than one after the other).
 _THREADS = os.environ.get("OCPC_TEST_SERVER_THREADS")
 TEST_SERVER_ARGS = ("--poll", "0", "--fit", "off", "--no-warmup", *(("-t", _THREADS) if _THREADS else ()))
 

@@ -65,9 +65,18 @@ judge_pytest() {
   passed=$((passed + $(grep -Eo '[0-9]+ passed' "$2" | tail -1 | grep -Eo '[0-9]+' || echo 0)))
 }
 
+# Two pytest workers (pytest-xdist, `--dist worksteal`: a worker that runs out takes the other's
+# queue), each test's servers on one thread: much of a test is waiting (a server's start, a deadline,
+# a poll), and on two cores two 1-thread servers prefill more than one 2-thread server (an 8k-token
+# prompt: 5.2 s on one thread, 3.3 s on two). Measured 2026-12-05 on this 2-core machine:
+# tests/test_prepare.py 317 -> 219 s, tests/test_parking.py 254 -> 149 s, the tests that need no
+# server 155 -> 88 s, the rig tests but the end-to-end ones 989 s against 2,116 s the day before.
+# Three workers were slower than two (test_parking.py 167 s).
+parallel=(-n 2 --dist worksteal)
+
 if [ $# -eq 0 ]; then
   step "pytest: the tests that need no server (while it compiles)"
-  run_pytest "$log" -m "not rig" --durations=10
+  run_pytest "$log" -m "not rig" --durations=10 "${parallel[@]}"
 fi
 step "the rig (llama-server built from the pinned sdist, the tiny models)"
 if ! wait "$rig_pid"; then
@@ -85,8 +94,11 @@ smoke() { step "bench: ${*:2}"; "$@"; }
 smoke_beside() { step "bench (niced): ${*:2}"; nice -n 10 "$@"; }
 
 if [ $# -eq 0 ]; then
-  step "pytest: the tests on the real server but the agents' end-to-end ones"
-  run_pytest "$log" -m rig --durations=40 --ignore-glob='tests/test_e2e_*.py'
+  step "pytest: the tests on the real server but the agents' end-to-end ones (two workers)"
+  OCPC_TEST_SERVER_THREADS=1 run_pytest "$log" -m "rig and not alone" --durations=40 \
+    --ignore-glob='tests/test_e2e_*.py' "${parallel[@]}"
+  step "pytest: the tests that read every llama-server on this machine (alone)"
+  run_pytest "$log" -m "rig and alone" --durations=5 --ignore-glob='tests/test_e2e_*.py'
 
   # The agents' end-to-end tests run beside the plugin's tests and the benches on the tiny models:
   # an agent's binary spends most of its session starting up on one core (Kilo ~25 s a run,

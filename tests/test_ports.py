@@ -16,7 +16,9 @@ import pytest
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
-pytestmark = pytest.mark.rig
+# `alone`: both tests read every llama-server on this machine, so tests/run.sh runs them after the
+# parallel run (pytest-xdist), with no other test's server beside them.
+pytestmark = [pytest.mark.rig, pytest.mark.alone]
 
 
 def ocpc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
