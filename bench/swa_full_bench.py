@@ -17,6 +17,8 @@ prefill tokens/s over the slots, and the ratio swa-full/plain.
     .venv/bin/python bench/swa_full_bench.py               # -np 4, ~4k-token prompts, 64 tokens
     .venv/bin/python bench/swa_full_bench.py --words 150   # ~790-token prompts
     .venv/bin/python bench/swa_full_bench.py --smoke       # CI: 2 slots, ~250-token prompts, 8 tokens
+    .venv/bin/python bench/swa_full_bench.py --arms plain,swa-full,swa-full-split   # + each slot its
+                                                           # own KV stream (--no-kv-unified)
 """
 
 from __future__ import annotations
