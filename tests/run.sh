@@ -124,15 +124,17 @@ if [ $# -eq 0 ]; then
   smoke_beside .venv/bin/python bench/fatkv_bench.py --smoke
   smoke_beside .venv/bin/python bench/warmstart_bench.py --smoke
   smoke_beside .venv/bin/python bench/router_load_bench.py --smoke
+  # Two of the three Gemma benches too: the tiny-model benches ended ~350 s before the end-to-end
+  # tests in a full run on 2026-12-05 (477 s against 824), and these two take ~130 s alone.
+  smoke_beside .venv/bin/python bench/families_bench.py --smoke
+  smoke_beside .venv/bin/python bench/swa_full_bench.py --smoke
   step "the agents' end-to-end tests"
   e2e_code=0
   wait "$e2e_pid" || e2e_code=$?
   cat "$e2e_log"
   judge_pytest "$e2e_code" "$e2e_log"
 
-  # The benches on the real Gemma model last, alone: they load both cores.
-  smoke .venv/bin/python bench/families_bench.py --smoke
-  smoke .venv/bin/python bench/swa_full_bench.py --smoke
+  # The agents' ramp last, alone: it loads both cores for ~4 minutes, and its turns are timed.
   smoke .venv/bin/python bench/agents_bench.py --smoke
 else
   step "pytest $*"
