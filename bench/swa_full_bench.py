@@ -3,12 +3,14 @@
 `ocpc launch` starts an SWA model (Gemma 3, gpt-oss) with `--swa-full`, because without it no
 restore of a prefix longer than the window can serve (docs/design.md, "Model families"). The
 flag keeps every layer's KV for the whole context. Measured here (configuration.md): with one slot
-it costs nothing; with several slots decoding at once each decoded token takes about twice as
-long and a prompt prefills faster. This bench measures that on the real Gemma 3 270M, `-np N`
-slots at once (as in the agents ramp), arms alternated A B B A on fresh servers:
+it costs nothing; with several slots at once a request's decode takes longer (mostly a cost per
+request: on two slots at 4k tokens 4.27x plain's per token at 32 tokens, 1.92x at 160) and a
+prompt prefills faster. This bench measures that on the real Gemma 3 270M, `-np N` slots at once
+(as in the agents ramp), arms alternated (A B B A, or with ``--arms`` A B C C B A) on fresh servers:
 
 - ``plain``: llama-server at its defaults (`--no-repack` only, which this CPU build needs);
-- ``swa-full``: the same with `--swa-full`.
+- ``swa-full``: the same with `--swa-full`;
+- ``swa-full-split``, ``plain-split``: the same with `--no-kv-unified` (each slot its own KV).
 
 Each server gets N concurrent completions of a ~4k-token prompt (a different one per slot) and
 decodes a fixed number of tokens (`ignore_eos`). Printed per arm: the mean decode ms/token and
