@@ -14,7 +14,7 @@ prompt prefills faster. This bench measures that on the real Gemma 3 270M, `-np 
 
 Each server gets N concurrent completions of a ~4k-token prompt (a different one per slot) and
 decodes a fixed number of tokens (`ignore_eos`). Printed per arm: the mean decode ms/token and
-prefill tokens/s over the slots, and the ratio swa-full/plain.
+prefill tokens/s over the slots, and each arm's ratio to the first (the baseline).
 
     .venv/bin/python bench/swa_full_bench.py               # -np 4, ~4k-token prompts, 64 tokens
     .venv/bin/python bench/swa_full_bench.py --words 150   # ~790-token prompts
@@ -46,8 +46,8 @@ from oc_prefix_cache.rig import ensure_rig  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
 
 ARMS = {"plain": (), "swa-full": ("--swa-full",),
-        # Each slot its own KV stream (`--no-kv-unified`): a slot's attention spans its own cells,
-        # not the pool's used range, which with `--swa-full` every SWA layer would read.
+        # Each slot its own KV stream (`--no-kv-unified`), so a slot's attention spans only its own
+        # cells: whether the pool's shared range is what `--swa-full` costs (measured: it is not).
         "swa-full-split": ("--swa-full", "--no-kv-unified"), "plain-split": ("--no-kv-unified",)}
 
 
