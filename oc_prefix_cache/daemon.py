@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import selectors
 import socket
 import threading
 import time
@@ -169,7 +170,8 @@ class Daemon:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def prepare(self, raw: bytes, headers: dict[str, str], *, deadline: Deadline) -> dict[str, Any]:
+    def prepare(self, raw: bytes, headers: dict[str, str], *, deadline: Deadline,
+                gone: threading.Event | None = None) -> dict[str, Any]:
         """The prepare's answer. A pinning plugin gets a slot of the broker's choice, held until
         its report (``report``) or until the watch takes it back: on ``-np N`` its request is
         pinned there (``pin``); on a single-slot server the slot is the one there is and the body
@@ -177,18 +179,28 @@ class Daemon:
         the daemon, and a proxied request prepared (restored, cleared) the one slot under the
         plugin's request, which then missed, and the two doors' requests came to run over each
         other (4 agents on ``-np 1``: every prepare after the first minute skipped or failed,
-        0.82x plain's turns). A caller that does not pin gets the configured slot, unheld."""
+        0.82x plain's turns). A caller that does not pin gets the configured slot, unheld.
+
+        ``gone``: set once the plugin closed its connection (it gave up on this prepare and sent
+        its request without an answer). Then nothing is prepared once the slot is had, and a slot
+        prepared already goes back at once: no report will come for it."""
         lower = {k.lower(): v for k, v in headers.items()}
         preparer = self._preparer_for(raw)
         broker = preparer.broker
         if lower.get("x-ocpc-pin") != "1":
             return self._issue(preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
         n_slots = broker.n_slots()
-        taken = broker.take(self._ask(raw, lower, n_slots), deadline=deadline)
+        taken = broker.take(self._ask(raw, lower, n_slots), deadline=deadline, gone=gone)
         if taken.hold is None:
             broker.give_back(taken)
             preparer.count("failed:slot_busy")
             return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
+        if gone is not None and gone.is_set():
+            broker.give_back(taken)
+            preparer.count("client_gone_before_prepare")
+            log.info("slot %d: the plugin went away while its prepare waited for the slot; nothing prepared", taken.slot)
+            return PrepareResult("failed", reason="the plugin went away before its slot was free").to_json() | {
+                "slot": taken.slot, "pin": False}
         try:
             with taken.hold.inside():
                 result = preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
@@ -196,7 +208,10 @@ class Daemon:
             broker.give_back(taken)  # prepare never raises; if it ever does, the slot is not left held
             raise
         self._issue(preparer, result)
-        if result.prepare_id and result.fingerprint:
+        if gone is not None and gone.is_set():
+            preparer.count("client_gone_during_prepare")
+            broker.give_back(taken)  # its request went out unpinned, and no report will come
+        elif result.prepare_id and result.fingerprint:
             broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
         else:
             broker.give_back(taken)  # no report will come (skipped, a title): nothing to keep it for
@@ -319,6 +334,27 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
+def _watch_departure(sock: socket.socket, gone: threading.Event, answered: threading.Event) -> None:
+    """Until ``answered``: set ``gone`` once the client closes its end of ``sock``. A plugin that
+    waits for a prepare's answer sends nothing, so a readable socket is its close (or a reset);
+    bytes there (another request, pipelined) end the watch without a verdict. Why: a plugin
+    that gave up sent its request unpinned, and the daemon went on to take a slot, prepare it and
+    lend it for a report that never came: work for nobody, and a slot kept from the other front
+    door until the lease was taken back (10 s or more)."""
+    try:
+        with selectors.DefaultSelector() as watch:
+            watch.register(sock, selectors.EVENT_READ)
+            while not answered.is_set():
+                if watch.select(timeout=0.25):
+                    if sock.recv(1, socket.MSG_PEEK) == b"":
+                        gone.set()
+                    return
+    except ConnectionError:  # reset by the client: it is gone too
+        gone.set()
+    except (OSError, ValueError) as exc:  # closed under us once answered: no verdict, the prepare goes on
+        log.debug("departure watch ended: %s", exc)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -407,7 +443,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         headers = {k: v for k, v in self.headers.items()}
-        body = json.dumps(self.server.daemon.prepare(raw, headers, deadline=deadline)).encode()
+        gone, answered = threading.Event(), threading.Event()
+        threading.Thread(target=_watch_departure, args=(self.connection, gone, answered),
+                         name="ocpc-departure", daemon=True).start()
+        try:
+            body = json.dumps(self.server.daemon.prepare(raw, headers, deadline=deadline, gone=gone)).encode()
+        finally:
+            answered.set()
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
 
     def _report(self, raw: bytes) -> None:

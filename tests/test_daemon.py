@@ -315,3 +315,75 @@ def test_a_pinning_plugin_on_two_slots_keeps_each_session_on_its_own_slot(llama_
         assert runner.preparer.broker.leases() == 0  # every report gave its slot back
     finally:
         runner.stop()
+
+
+def pinned_prepare(runner: Daemon, name: str, session: str) -> socket.socket:
+    """A pinning plugin's prepare sent on a raw connection, so a test can close it (the plugin
+    giving up) while the daemon works on it."""
+    raw = capture_bytes(name)
+    sock = socket.create_connection(("127.0.0.1", int(runner.url.rsplit(":", 1)[1])))
+    sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"user-agent: %s\r\nx-session-id: %s\r\nx-ocpc-pin: 1\r\ncontent-length: %d\r\n\r\n%s"
+                 % (UA.encode(), session.encode(), len(raw), raw))
+    return sock
+
+
+@pytest.mark.rig
+def test_a_plugin_that_gives_up_while_its_prepare_waits_for_the_slot_gets_nothing_prepared(llama_server) -> None:
+    """The plugin's prepare waits for the slot another request holds, and the user cancels the
+    turn (the plugin aborts its fetch, closing the connection). Once the slot frees, the daemon
+    must not prepare it for nobody, nor lend it for a report that will never come: before, it
+    warmed the head and kept the slot from the next request until the lease was taken back."""
+    server = llama_server("qwen3")
+    runner = Daemon(settings=settings_for(server.url), port=0)
+    runner.start()
+    try:
+        broker = runner.preparer.broker
+        held = broker.take(Ask("ses_other", n_slots=broker.n_slots()), deadline=Deadline.after(5))
+        assert held.hold is not None
+        with pinned_prepare(runner, PROJ_A, "ses_a") as sock:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working": the prepare waits for the slot
+        time.sleep(0.5)  # the plugin is gone; then the slot frees
+        broker.give_back(held)
+        counters: dict = {}
+        until = time.monotonic() + 30
+        while time.monotonic() < until and "client_gone_before_prepare" not in counters:
+            time.sleep(0.2)
+            counters = runner.preparer.status()["counters"]
+        assert counters.get("client_gone_before_prepare") == 1, counters
+        assert not any(counters.get(k) for k in ("warmed", "restored", "hit")), counters  # nothing done to the slot
+        assert broker.leases() == 0
+        after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(2))
+        assert after.hold is not None, after  # the next request has the slot at once
+        broker.give_back(after)
+    finally:
+        runner.stop()
+
+
+@pytest.mark.rig
+def test_a_slot_prepared_for_a_plugin_that_gave_up_meanwhile_is_not_lent(llama_server) -> None:
+    """The plugin gives up while its prepare warms the head (a first warm takes seconds). The
+    warm finishes (the head is saved for the next session), but no report will come: the slot
+    goes back at once, not after the lease's grace and two idle looks at the server."""
+    server = llama_server("qwen3")
+    runner = Daemon(settings=settings_for(server.url), port=0)
+    runner.start()
+    try:
+        broker = runner.preparer.broker
+        with pinned_prepare(runner, PROJ_A, "ses_a") as sock:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working"
+            until = time.monotonic() + 30
+            while time.monotonic() < until and not any(s["is_processing"] for s in httpx.get(f"{server.url}/slots").json()):
+                time.sleep(0.05)  # leave once the warm runs in the server
+        counters: dict = {}
+        until = time.monotonic() + 60
+        while time.monotonic() < until and not counters.get("warmed"):
+            time.sleep(0.2)
+            counters = runner.preparer.status()["counters"]
+        assert counters.get("warmed") == 1 and counters.get("client_gone_during_prepare") == 1, counters
+        assert broker.leases() == 0
+        after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(2))
+        assert after.hold is not None, after  # free for the next request at once
+        broker.give_back(after)
+    finally:
+        runner.stop()
