@@ -191,16 +191,16 @@ class Daemon:
             return self._issue(preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
         n_slots = broker.n_slots()
         taken = broker.take(self._ask(raw, lower, n_slots), deadline=deadline, gone=gone)
-        if taken.hold is None:
-            broker.give_back(taken)
-            preparer.count("failed:slot_busy")
-            return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
         if gone is not None and gone.is_set():
             broker.give_back(taken)
             preparer.count("client_gone_before_prepare")
             log.info("slot %d: the plugin went away while its prepare waited for the slot; nothing prepared", taken.slot)
             return PrepareResult("failed", reason="the plugin went away before its slot was free").to_json() | {
                 "slot": taken.slot, "pin": False}
+        if taken.hold is None:
+            broker.give_back(taken)
+            preparer.count("failed:slot_busy")
+            return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
         try:
             with taken.hold.inside():
                 result = preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
@@ -346,12 +346,12 @@ def _watch_departure(sock: socket.socket, gone: threading.Event, answered: threa
             watch.register(sock, selectors.EVENT_READ)
             while not answered.is_set():
                 if watch.select(timeout=0.25):
-                    if sock.recv(1, socket.MSG_PEEK) == b"":
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
                         gone.set()
                     return
     except ConnectionError:  # reset by the client: it is gone too
         gone.set()
-    except (OSError, ValueError) as exc:  # closed under us once answered: no verdict, the prepare goes on
+    except (OSError, ValueError) as exc:  # emptied or closed under us once answered: no verdict
         log.debug("departure watch ended: %s", exc)
 
 
@@ -444,8 +444,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         headers = {k: v for k, v in self.headers.items()}
         gone, answered = threading.Event(), threading.Event()
-        threading.Thread(target=_watch_departure, args=(self.connection, gone, answered),
-                         name="ocpc-departure", daemon=True).start()
+        if self.headers.get("x-ocpc-pin") == "1":  # only a pinning plugin's prepare takes a slot, or waits for one
+            threading.Thread(target=_watch_departure, args=(self.connection, gone, answered),
+                             name="ocpc-departure", daemon=True).start()
         try:
             body = json.dumps(self.server.daemon.prepare(raw, headers, deadline=deadline, gone=gone)).encode()
         finally:
