@@ -124,7 +124,8 @@ class SlotBroker:
         """Choose the slot and hold it. A conversation's own slot, or the client's choice, is
         waited for directly (its lock); otherwise, with every slot busy, in arrival order for any
         slot to free. Past the deadline (or once the client left) the LRU slot is taken without
-        its lock: ``why_not`` says so and the request goes on unprepared."""
+        its lock: ``why_not`` says so and the request goes on unprepared. A client that leaves
+        while the request waits for a slot's lock ends that wait too."""
         if ask.conversation:
             self._take_back_lease_of(ask.conversation)
         with self._freed:
@@ -148,9 +149,10 @@ class SlotBroker:
             self.table.begin(slot, ask.conversation)
         taken = Taken(slot=slot, rule=rule, conversation=ask.conversation)
         try:
-            taken.hold = self.tracker.hold(self.server, slot, deadline=deadline)
+            taken.hold = self.tracker.hold(self.server, slot, deadline=deadline, gone=gone)
         except (LockTimeout, OcpcError) as exc:
-            log.warning("slot %d stayed busy past the prepare's deadline; going on unprepared: %s", slot, exc)
+            if gone is None or not gone.is_set():
+                log.warning("slot %d stayed busy past the prepare's deadline; going on unprepared: %s", slot, exc)
             taken.why_not = str(exc)
         return taken
 

@@ -292,13 +292,13 @@ class Proxy:
             return request
         deadline = Deadline.after(self.bounds.prepare_s)
         plan = self._take_slot(request, deadline=deadline, gone=gone)
+        if plan.taken is not None and gone.is_set():
+            self.counters.add("client_gone_before_prepare")
+            plan.why_not = "the client went away while its request waited for a slot"
+            return plan
         if plan.taken is None or plan.taken.hold is None:
             return plan
         try:
-            if gone.is_set():
-                self.counters.add("client_gone_before_prepare")
-                plan.why_not = "the client went away while its request waited for a slot"
-                return plan
             with plan.taken.hold.inside():
                 plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
                                                     harness=request.adapter.name,
@@ -397,7 +397,7 @@ class Proxy:
                                  deadline=deadline, gone=gone)
         plan = self._upstream_plan(request, taken.slot)
         plan.rule, plan.taken = taken.rule, taken
-        if taken.why_not:
+        if taken.why_not and not gone.is_set():
             self.counters.add("fail_open:slot_busy")
             plan.why_not = taken.why_not
         return plan

@@ -297,15 +297,18 @@ class SlotTracker:
 
     # -- serialising work on a slot --------------------------------------------------------
     @contextmanager
-    def slot_lock(self, server: str, slot: int, *, deadline: Deadline) -> Iterator[None]:
-        """Hold the slot for a prepare, bounded by the deadline (re-entered inside a ``SlotHold``)."""
+    def slot_lock(self, server: str, slot: int, *, deadline: Deadline,
+                  gone: threading.Event | None = None) -> Iterator[None]:
+        """Hold the slot for a prepare, bounded by the deadline (re-entered inside a ``SlotHold``).
+        ``gone``: set when the request's client left; the wait ends then too."""
         if (server.rstrip("/"), slot) in self._held_here():
             yield  # this thread works inside a hold of this slot: it has the slot already
             return
         with self._guard:
             lock = self._server(server).slots.setdefault(slot, SlotState()).lock
-        wait = deadline.remaining()
-        if wait <= 0 or not lock.acquire(timeout=wait):
+        if not _acquire(lock, deadline, gone):
+            if gone is not None and gone.is_set():
+                raise LockTimeout(f"the client went away while its request waited for slot {slot} of {server}")
             raise LockTimeout(f"slot {slot} of {server} stayed busy with another prepare until the caller's "
                               "deadline; the request goes on without ocpc")
         try:
@@ -318,11 +321,12 @@ class SlotTracker:
         finally:
             lock.release()
 
-    def hold(self, server: str, slot: int, *, deadline: Deadline) -> SlotHold:
-        """Take the slot (as ``slot_lock`` does, bounded by the deadline) and keep it until the
-        hold is released: so nothing takes the slot between a prepare and the request it served."""
+    def hold(self, server: str, slot: int, *, deadline: Deadline, gone: threading.Event | None = None) -> SlotHold:
+        """Take the slot (as ``slot_lock`` does, bounded by the deadline, or until ``gone``) and
+        keep it until the hold is released: so nothing takes the slot between a prepare and the
+        request it served."""
         key = (server.rstrip("/"), slot)
-        lock = self.slot_lock(server, slot, deadline=deadline)
+        lock = self.slot_lock(server, slot, deadline=deadline, gone=gone)
         lock.__enter__()  # LockTimeout propagates: nothing taken
         held = self._held_here
 
@@ -364,3 +368,17 @@ def _holding_json(holding: Holding | None) -> dict[str, Any] | None:
     return {"kind": holding.kind, "key": holding.key, "head": holding.head, "tokens": holding.n_tokens,
             "exact": holding.exact, "conversation": holding.conversation, "id_task": holding.left.id_task}
 
+
+#: How often a wait for a slot's lock looks whether its client left.
+GONE_POLL_S = 0.25
+
+
+def _acquire(lock: threading.Lock, deadline: Deadline, gone: threading.Event | None) -> bool:
+    """``lock`` within the deadline; with ``gone``, in slices, giving up once it is set: a request
+    whose client left must not wait for the slot it will not use, nor take it from one that will."""
+    while True:
+        wait = deadline.remaining()
+        if wait <= 0 or (gone is not None and gone.is_set()):
+            return False
+        if lock.acquire(timeout=wait if gone is None else min(wait, GONE_POLL_S)):
+            return True

@@ -141,3 +141,22 @@ def test_a_slot_count_that_could_not_be_read_is_asked_again_soon() -> None:
     assert b.n_slots() == 1 and b.slots_known() is None
     time.sleep(UNKNOWN_SLOTS_RETRY_S + 0.1)
     assert b.n_slots() == 2 and b.slots_known() == 2
+
+
+def test_a_request_whose_client_left_stops_waiting_for_its_slots_lock() -> None:
+    """`-np 1`: a request waits for the one slot's lock (no line there) and its client gives up
+    (a cancelled turn). It must stop waiting then, not hold a worker until the slot frees or its
+    deadline (240 s for the plugin), and then compete for the lock with the requests still live."""
+    b = broker(1)
+    running = b.take(Ask("running", n_slots=1), deadline=Deadline.after(1))
+    gone = threading.Event()
+    threading.Timer(0.3, gone.set).start()
+    started = time.monotonic()
+    left = b.take(Ask("left", n_slots=1), deadline=Deadline.after(20), gone=gone)
+    assert time.monotonic() - started < 10  # not the deadline's 20 s (it looks every 0.25 s)
+    assert left.hold is None and "went away" in left.why_not
+    b.give_back(left)
+    b.give_back(running)
+    after = b.take(Ask("next", n_slots=1), deadline=Deadline.after(1))
+    assert after.hold is not None  # the slot's lock is free: nothing of the gone request kept it
+    b.give_back(after)
