@@ -328,6 +328,16 @@ def pinned_prepare(runner: Daemon, name: str, session: str) -> socket.socket:
     return sock
 
 
+def counters_once(runner: Daemon, key: str, *, within: float) -> dict:
+    """The daemon's counters as soon as ``key`` is counted (or when ``within`` seconds ran out)."""
+    until = time.monotonic() + within
+    counters: dict = runner.preparer.status()["counters"]
+    while time.monotonic() < until and not counters.get(key):
+        time.sleep(0.2)
+        counters = runner.preparer.status()["counters"]
+    return counters
+
+
 @pytest.mark.rig
 def test_a_plugin_that_gives_up_while_its_prepare_waits_for_the_slot_gets_nothing_prepared(llama_server) -> None:
     """The plugin's prepare waits for the slot another request holds, and the user cancels the
@@ -345,11 +355,7 @@ def test_a_plugin_that_gives_up_while_its_prepare_waits_for_the_slot_gets_nothin
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working": the prepare waits for the slot
         time.sleep(1.5)  # the plugin is gone (the daemon looks every 0.25 s); then the slot frees
         broker.give_back(held)
-        counters: dict = {}
-        until = time.monotonic() + 30
-        while time.monotonic() < until and "client_gone_before_prepare" not in counters:
-            time.sleep(0.2)
-            counters = runner.preparer.status()["counters"]
+        counters = counters_once(runner, "client_gone_before_prepare", within=30)
         assert counters.get("client_gone_before_prepare") == 1, counters
         assert not any(counters.get(k) for k in ("warmed", "restored", "hit")), counters  # nothing done to the slot
         assert broker.leases() == 0
@@ -375,11 +381,7 @@ def test_a_slot_prepared_for_a_plugin_that_gave_up_meanwhile_is_not_lent(llama_s
             until = time.monotonic() + 30
             while time.monotonic() < until and not any(s["is_processing"] for s in httpx.get(f"{server.url}/slots").json()):
                 time.sleep(0.05)  # leave once the warm runs in the server
-        counters: dict = {}
-        until = time.monotonic() + 60
-        while time.monotonic() < until and not counters.get("warmed"):
-            time.sleep(0.2)
-            counters = runner.preparer.status()["counters"]
+        counters = counters_once(runner, "warmed", within=60)
         assert counters.get("warmed") == 1 and counters.get("client_gone_during_prepare") == 1, counters
         assert broker.leases() == 0
         after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(2))
