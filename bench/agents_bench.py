@@ -34,9 +34,13 @@ RAM cache runs out where it would for a real user.
 Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the share of prompt
 tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
 tokens of the answered requests: ocpc's warms and probes count against it), parks written and
-restored, requests failed (must be 0).
+restored, requests failed (must be 0). ``--rounds R`` runs each point R times per arm in the
+order A B B A ... and adds them up: below pressure the arms differ by less than the machine's
+own drift over one run (a single agent's turn went 1,022 -> 1,085 ms between two windows of
+the same arm 15 minutes apart), which one window per arm would book to whichever came later.
 
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2,4,8,16 --window 240
+    .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2 --window 90 --rounds 4 --warmup
     .venv/bin/python bench/agents_bench.py --smoke          # CI: K=4 on N=2, 30 s per arm, short heads
     .venv/bin/python bench/agents_bench.py --json out.json --png out.png
 """
@@ -203,6 +207,27 @@ class Point:
     restart_errors: int = 0  # the server's own errors while a fault restarted it
     server_cores: float | None = None  # the server's CPU time over the window / its length (not under a fault)
     fault: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def merged(cls, points: list[Point]) -> Point:
+        """One arm's rounds of one point (``--rounds``) as one: turns and counters added up, the
+        server's cores averaged over the rounds that measured them."""
+        first = points[0]
+        out = cls(first.arm, first.k, first.n)
+        for point in points:
+            out.turns += point.turns
+            out.late += point.late
+            out.failed += point.failed
+            out.processed_total += point.processed_total
+            out.restart_errors += point.restart_errors
+            for key, value in point.server.items():
+                out.server[key] = out.server.get(key, 0.0) + value
+            for key, count in point.ocpc.items():
+                out.ocpc[key] = out.ocpc.get(key, 0) + count
+        cores = [p.server_cores for p in points if p.server_cores is not None]
+        out.server_cores = statistics.fmean(cores) if cores else None
+        out.fault = first.fault if len(points) == 1 else {}
+        return out
 
     def row(self, window: float) -> dict[str, Any]:
         times = sorted(t.ended - t.started for t in self.turns)
@@ -571,6 +596,16 @@ def _share(turns: list[Turn]) -> float | None:
 # -- output -----------------------------------------------------------------------------------------
 
 
+def _print_fault(point: Point) -> None:
+    if point.fault:
+        print(f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
+              f"{point.restart_errors} requests refused while down; after it: "
+              f"{point.fault['turns_after']} turns, {point.fault['processed_after']:,} tokens "
+              f"processed, cache share {point.fault['cache_after'] or 0:.0%}")
+    if point.failed:
+        print("  failures:", *point.failed[:5], sep="\n    ")
+
+
 def render(rows: list[dict[str, Any]]) -> None:
     print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
           f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5}")
@@ -656,6 +691,10 @@ def main() -> int:
     parser.add_argument("--arms", default="plain,ocpc",
                         help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc), "
                              "oracle (plain with an unbounded RAM cache)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each point this many times per arm, the arms' order reversed every round "
+                             "(A B B A ...), and add the rounds up: a drift of the machine's speed over the run "
+                             "(6%% within 20 minutes here) then falls on every arm alike")
     parser.add_argument("--warmup", action="store_true",
                         help="answer each agent's first request before the window opens (not counted)")
     parser.add_argument("--keep", type=Path, help="work here and keep it (each server's log, ocpc's state, "
@@ -694,23 +733,20 @@ def main() -> int:
         turn = 0
         for n in slots:
             for k in ks:
-                arms = chosen if turn % 2 == 0 else tuple(reversed(chosen))
-                turn += 1
-                for arm in arms:
-                    home = Path(work) / f"{arm}-np{n}" / (f"k{k}" if arm != "ocpc" else "")
-                    flags = (*base[arm], "--cache-ram", str(ram[arm]))
-                    point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags, window=window,
-                                      fault=args.fault, doors=args.doors, lines=args.tool_lines,
-                                      warmup=warmup, short=args.smoke)
-                    rows.append(point.row(window))
-                    render([rows[-1]])
-                    if point.fault:
-                        print(f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
-                              f"{point.restart_errors} requests refused while down; after it: "
-                              f"{point.fault['turns_after']} turns, {point.fault['processed_after']:,} tokens "
-                              f"processed, cache share {point.fault['cache_after'] or 0:.0%}")
-                    if point.failed:
-                        print("  failures:", *point.failed[:5], sep="\n    ")
+                rounds: dict[str, list[Point]] = {arm: [] for arm in chosen}
+                for _ in range(max(1, args.rounds)):
+                    arms = chosen if turn % 2 == 0 else tuple(reversed(chosen))
+                    turn += 1
+                    for arm in arms:
+                        home = Path(work) / f"{arm}-np{n}" / (f"k{k}-{len(rounds[arm])}" if arm != "ocpc" else "")
+                        flags = (*base[arm], "--cache-ram", str(ram[arm]))
+                        point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags,
+                                          window=window, fault=args.fault, doors=args.doors, lines=args.tool_lines,
+                                          warmup=warmup, short=args.smoke)
+                        rounds[arm].append(point)
+                        render([point.row(window)])
+                        _print_fault(point)
+                rows += [Point.merged(rounds[arm]).row(window * len(rounds[arm])) for arm in chosen]
     print()
     render(rows)
     for r in ratios(rows):
@@ -720,7 +756,8 @@ def main() -> int:
                  if "of_oracle_turns" in r else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"window_s": window, "tool_lines": args.tool_lines, "ram_mib": ram,
+        args.json.write_text(json.dumps({"window_s": window, "rounds": max(1, args.rounds),
+                                         "tool_lines": args.tool_lines, "ram_mib": ram,
                                          "warmup": warmup,
                                          "rows": rows, "ratios": ratios(rows)},
                                         indent=2))

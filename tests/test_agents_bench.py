@@ -1,0 +1,45 @@
+"""The agents bench's own arithmetic (no server): what its rows and ratios say is what ran."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("agents_bench", ROOT / "bench" / "agents_bench.py")
+assert _spec and _spec.loader
+bench = sys.modules.get("agents_bench") or importlib.util.module_from_spec(_spec)
+if "agents_bench" not in sys.modules:
+    sys.modules["agents_bench"] = bench  # its dataclasses look their module up
+    _spec.loader.exec_module(bench)
+
+
+def _round(turn_s: float, turns: int, *, processed: float, cores: float | None) -> Any:
+    point = bench.Point("ocpc", 1, 2)
+    point.turns = [bench.Turn("a", i * 10.0, i * 10.0 + turn_s, 0.5, 1000, 50, 200) for i in range(turns)]
+    point.processed_total = processed
+    point.server = {"prompt_seconds_total": 1.0, "tokens_predicted_seconds_total": 2.0}
+    point.ocpc = {"source:slot": turns}
+    point.server_cores = cores
+    return point
+
+
+def test_rounds_of_a_point_add_up_to_one_row_over_all_their_windows() -> None:
+    """``--rounds``: a slow round and a fast one make one row whose mean turn weighs every turn,
+    whose rate counts every round's window, and whose counters are the rounds' sums."""
+    merged = bench.Point.merged([_round(1.0, 3, processed=150, cores=0.25),
+                                 _round(2.0, 1, processed=50, cores=None)])
+    row = merged.row(2 * 60.0)
+    assert row["turns"] == 4 and row["turns_per_min"] == 2.0
+    assert row["turn_mean_s"] == 1.25
+    assert row["cache_share"] == 1 - 200 / 4000
+    assert row["prefill_s"] == 2.0 and row["decode_s"] == 4.0
+    assert row["server_cores"] == 0.25  # the round that measured it
+    assert merged.ocpc == {"source:slot": 4}
+
+
+def test_one_round_is_the_point_itself() -> None:
+    point = _round(1.5, 2, processed=100, cores=0.5)
+    assert bench.Point.merged([point]).row(60.0) == point.row(60.0)
