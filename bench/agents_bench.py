@@ -31,7 +31,8 @@ The other arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a
 8 GiB at ~100 KB per token), measured from a slot save of the first head, so the server's
 RAM cache runs out where it would for a real user.
 
-Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the share of prompt
+Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the plugin path's hop
+(its prepare's and report's round trips to the daemon, part of the turn), the share of prompt
 tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
 tokens of the answered requests: ocpc's warms and probes count against it), parks written and
 restored, requests failed (must be 0). ``--rounds R`` runs each point R times per arm in the
@@ -191,6 +192,7 @@ class Turn:
     prompt: int  # the request's prompt tokens (reused + processed)
     processed: int
     status: int
+    hop: float | None = None  # the plugin's path: its prepare's and report's round trips to the daemon (s)
 
 
 @dataclass
@@ -232,11 +234,13 @@ class Point:
     def row(self, window: float) -> dict[str, Any]:
         times = sorted(t.ended - t.started for t in self.turns)
         ttfts = sorted(t.ttft for t in self.turns)
+        hops = [t.hop for t in self.turns if t.hop is not None]
         prompt = sum(t.prompt for t in self.turns)
         return {"arm": self.arm, "k": self.k, "n": self.n, "turns": len(self.turns),
                 "turns_per_min": len(self.turns) * 60 / window,
                 "turn_mean_s": statistics.fmean(times) if times else None, "turn_p95_s": _pct(times, 0.95),
                 "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p95_s": _pct(ttfts, 0.95),
+                "plugin_hop_ms": 1000 * statistics.fmean(hops) if hops else None,
                 "cache_share": 1 - self.processed_total / prompt if prompt else None,
                 "prompt_tokens": prompt, "processed_tokens": self.processed_total,
                 "prefill_s": self.server.get("prompt_seconds_total"),
@@ -292,6 +296,7 @@ def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, sta
     slot is ready), the request to the server pinned to the slot prepared, then the report."""
     headers = {**agent.headers, "content-type": "application/json", "x-ocpc-budget-ms": "240000", "x-ocpc-pin": "1"}
     answer = http.post(doors.daemon + "/v1/prepare", content=raw, headers=headers).json()
+    hop = time.monotonic() - started
     body = raw
     if answer.get("pin") and isinstance(answer.get("slot"), int):
         body = b'{"id_slot":%d,' % answer["slot"] + raw[1:]
@@ -300,11 +305,13 @@ def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, sta
     if learned is None or learned.prompt_n is None:
         raise RuntimeError(f"no timings in the answer: {tail[-300:]!r}")
     if answer.get("fingerprint"):
+        reporting = time.monotonic()
         http.post(doors.daemon + "/v1/report", json={
             "fingerprint": answer["fingerprint"], "prepare_id": answer.get("prepare_id") or "",
             "cache_n": learned.cache_n, "prompt_n": learned.prompt_n, "predicted_n": learned.predicted_n or 0})
+        hop += time.monotonic() - reporting
     prompt = (learned.cache_n or 0) + learned.prompt_n
-    return Turn(agent.name, started, time.monotonic(), ttft, prompt, learned.prompt_n, status)
+    return Turn(agent.name, started, time.monotonic(), ttft, prompt, learned.prompt_n, status, hop)
 
 
 def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
@@ -608,14 +615,15 @@ def _print_fault(point: Point) -> None:
 
 def render(rows: list[dict[str, Any]]) -> None:
     print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
-          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5}")
+          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5} "
+          f"{'hop ms':>6}")
     for r in rows:
         def f(key: str, fmt: str = "7.1f") -> str:
             return format(r[key], fmt) if r[key] is not None else "-".rjust(int(fmt.split(".")[0]))
-        print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s')} {f('turn_p95_s')} "
+        print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s', '7.3f')} {f('turn_p95_s')} "
               f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
               f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')} "
-              f"{f('server_cores', '5.2f')}")
+              f"{f('server_cores', '5.2f')} {f('plugin_hop_ms', '6.1f')}")
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -731,6 +739,7 @@ def main() -> int:
             ram[arm] = max(64, round(RAM_TOKENS * per_token / 2**20))
             print(f"{arm}: {per_token:,.0f} KV bytes per token -> --cache-ram {ram[arm]} (~{RAM_TOKENS:,} tokens)")
         turn = 0
+        each: list[dict[str, Any]] = []  # every round's row, in the order run (--rounds)
         for n in slots:
             for k in ks:
                 rounds: dict[str, list[Point]] = {arm: [] for arm in chosen}
@@ -744,7 +753,8 @@ def main() -> int:
                                           window=window, fault=args.fault, doors=args.doors, lines=args.tool_lines,
                                           warmup=warmup, short=args.smoke)
                         rounds[arm].append(point)
-                        render([point.row(window)])
+                        each.append(point.row(window))
+                        render([each[-1]])
                         _print_fault(point)
                 rows += [Point.merged(rounds[arm]).row(window * len(rounds[arm])) for arm in chosen]
     print()
@@ -759,7 +769,8 @@ def main() -> int:
         args.json.write_text(json.dumps({"window_s": window, "rounds": max(1, args.rounds),
                                          "tool_lines": args.tool_lines, "ram_mib": ram,
                                          "warmup": warmup,
-                                         "rows": rows, "ratios": ratios(rows)},
+                                         "rows": rows, "ratios": ratios(rows),
+                                         "rounds_rows": each if args.rounds > 1 else []},
                                         indent=2))
     if args.png:
         plot(rows, args.png)

@@ -16,9 +16,9 @@ if "agents_bench" not in sys.modules:
     _spec.loader.exec_module(bench)
 
 
-def _round(turn_s: float, turns: int, *, processed: float, cores: float | None) -> Any:
+def _round(turn_s: float, turns: int, *, processed: float, cores: float | None, hop: float | None = None) -> Any:
     point = bench.Point("ocpc", 1, 2)
-    point.turns = [bench.Turn("a", i * 10.0, i * 10.0 + turn_s, 0.5, 1000, 50, 200) for i in range(turns)]
+    point.turns = [bench.Turn("a", i * 10.0, i * 10.0 + turn_s, 0.5, 1000, 50, 200, hop) for i in range(turns)]
     point.processed_total = processed
     point.server = {"prompt_seconds_total": 1.0, "tokens_predicted_seconds_total": 2.0}
     point.ocpc = {"source:slot": turns}
@@ -29,14 +29,15 @@ def _round(turn_s: float, turns: int, *, processed: float, cores: float | None) 
 def test_rounds_of_a_point_add_up_to_one_row_over_all_their_windows() -> None:
     """``--rounds``: a slow round and a fast one make one row whose mean turn weighs every turn,
     whose rate counts every round's window, and whose counters are the rounds' sums."""
-    merged = bench.Point.merged([_round(1.0, 3, processed=150, cores=0.25),
-                                 _round(2.0, 1, processed=50, cores=None)])
+    merged = bench.Point.merged([_round(1.0, 3, processed=150, cores=0.25, hop=0.004),
+                                 _round(2.0, 1, processed=50, cores=None, hop=0.008)])
     row = merged.row(2 * 60.0)
     assert row["turns"] == 4 and row["turns_per_min"] == 2.0
     assert row["turn_mean_s"] == 1.25
     assert row["cache_share"] == 1 - 200 / 4000
     assert row["prefill_s"] == 2.0 and row["decode_s"] == 4.0
     assert row["server_cores"] == 0.25  # the round that measured it
+    assert row["plugin_hop_ms"] == 5.0
     assert merged.ocpc == {"source:slot": 4}
 
 
