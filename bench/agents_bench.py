@@ -32,7 +32,8 @@ The other arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a
 RAM cache runs out where it would for a real user.
 
 Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the plugin path's hop
-(its prepare's and report's round trips to the daemon, part of the turn), the share of prompt
+(its prepare's and report's round trips to the daemon, part of the turn; under pressure the
+prepare's includes its wait for a slot, which plain's requests spend in the server's queue), the share of prompt
 tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
 tokens of the answered requests: ocpc's warms and probes count against it), parks written and
 restored, requests failed (must be 0). ``--rounds R`` runs each point R times per arm in the
