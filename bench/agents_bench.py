@@ -36,7 +36,8 @@ Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the plugi
 prepare's includes its wait for a slot, which plain's requests spend in the server's queue), the share of prompt
 tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
 tokens of the answered requests: ocpc's warms and probes count against it), parks written and
-restored, requests failed (must be 0). ``--rounds R`` runs each point R times per arm in the
+restored, requests failed (must be 0); the JSON also has each turn (agent, seconds, TTFT,
+tokens processed, hop), so a slow tail can be traced to an agent. ``--rounds R`` runs each point R times per arm in the
 order A B B A ... and adds them up: below pressure the arms differ by less than the machine's
 own drift over one run (a single agent's turn went 1,022 -> 1,085 ms between two windows of
 the same arm 15 minutes apart), which one window per arm would book to whichever came later.
@@ -252,7 +253,10 @@ class Point:
                 "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
                 "failures": self.failed[:5],
                 "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)},
-                "restart_errors": self.restart_errors, "fault": self.fault}
+                "restart_errors": self.restart_errors, "fault": self.fault,
+                "each_turn": [{"agent": t.agent, "s": round(t.ended - t.started, 4), "ttft_s": round(t.ttft, 4),
+                               "processed": t.processed, "hop_ms": None if t.hop is None else round(1000 * t.hop, 1)}
+                              for t in sorted(self.turns, key=lambda t: t.started)]}
 
 
 _SHOWN = ("source:", "report_", "parked", "park_", "ram_", "waited", "restored", "warmed", "skipped", "failed",

@@ -38,6 +38,7 @@ def test_rounds_of_a_point_add_up_to_one_row_over_all_their_windows() -> None:
     assert row["prefill_s"] == 2.0 and row["decode_s"] == 4.0
     assert row["server_cores"] == 0.25  # the round that measured it
     assert row["plugin_hop_ms"] == 5.0
+    assert [t["s"] for t in row["each_turn"]] == [1.0, 2.0, 1.0, 1.0]  # by start: the slow round's turn is its own
     assert merged.ocpc == {"source:slot": 4}
 
 
