@@ -26,7 +26,9 @@ Arms, each on its own fresh llama-server per point, alternated point by point:
   tokens): what the server alone does when memory is unbounded. Not an ideal prefix cache: the
   server swaps from RAM only into a slot keeping under half of what it holds (K = 16 on N = 2:
   38 turns, cache 71%, against plain's 39 and 61%);
-- ``flags``: ocpc's server flags without ocpc (what the flags alone do).
+- ``flags``: ocpc's server flags without ocpc (what the flags alone do);
+- a ``--variant NAME:KEY=VALUE,...``: ocpc with other settings (its ratios are against ocpc's),
+  e.g. ``noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off`` for what parking ahead costs or saves.
 The other arms get a ``--cache-ram`` that holds ~80k tokens of *their own* KV (a 27B's default
 8 GiB at ~100 KB per token), measured from a slot save of the first head, so the server's
 RAM cache runs out where it would for a real user.
@@ -75,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache.daemon import Daemon  # noqa: E402
+from oc_prefix_cache.errors import ConfigError  # noqa: E402
 from oc_prefix_cache.proxy import Proxy  # noqa: E402
 from oc_prefix_cache.proxy_server import ProxyServer  # noqa: E402
 from oc_prefix_cache.relay import learn  # noqa: E402
@@ -498,9 +501,10 @@ class Launched:
     stop and come back on the same ports with nothing in memory, as after `kill -9` of the ocpc
     process while llama-server runs on."""
 
-    def __init__(self, upstream: str, home: Path) -> None:
+    def __init__(self, upstream: str, home: Path, env: dict[str, str] | None = None) -> None:
         self.upstream, self.home = upstream, home
-        self.settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home), "OC_PREFIX_CACHE_BASE_URL": upstream})
+        self.settings = Settings.from_env({**(env or {}), "OC_PREFIX_CACHE_HOME": str(home),
+                                           "OC_PREFIX_CACHE_BASE_URL": upstream})
         self.daemon_port, self.proxy_port = free_port(), free_port()
         self.daemon: Daemon | None = None
         self.proxy: ProxyServer | None = None
@@ -546,7 +550,9 @@ class Launched:
 
 def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
               window: float, fault: str = "", doors: str = "both", lines: int = TOOL_LINES,
-              warmup: bool = False, short: bool = False) -> Point:
+              warmup: bool = False, short: bool = False, ocpc_env: dict[str, str] | None = None) -> Point:
+    """One arm at one point on a fresh server. ``ocpc_env``: the arm is ocpc with these settings
+    (a ``--variant``); the arm named ``ocpc`` runs with the defaults."""
     point = Point(arm, k, n)
     server = start(binary, model, home, n=n, args=args)
     broke: Fault | None = None
@@ -562,8 +568,8 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
             broke.thread.start()
 
     try:
-        if arm == "ocpc":
-            with Launched(server.url, home) as launched:  # its slot folder is the server's
+        if arm == "ocpc" or ocpc_env is not None:
+            with Launched(server.url, home, ocpc_env) as launched:  # its slot folder is the server's
                 broke = Fault(fault, server, launched, at=window / 2) if fault else None
                 drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines, short=short), window=window,
                       point=point, fault=broke, warmup=warmup, on_start=lambda: opened(launched))
@@ -608,6 +614,19 @@ def _share(turns: list[Turn]) -> float | None:
 # -- output -----------------------------------------------------------------------------------------
 
 
+def _variant(text: str) -> tuple[str, dict[str, str]]:
+    """``--variant NAME:KEY=VALUE,...`` as (NAME, its settings); a bad one stops the bench at once."""
+    name, _, pairs = text.partition(":")
+    env = dict(pair.split("=", 1) for pair in pairs.split(",") if "=" in pair)
+    if not name or name in ("plain", "ocpc", "flags", "oracle") or not env:
+        raise SystemExit(f"--variant {text!r}: give NAME:KEY=VALUE[,KEY=VALUE], NAME not an arm of its own")
+    try:
+        Settings.from_env(env)  # a setting ocpc would refuse is refused here, before any server starts
+    except ConfigError as exc:
+        raise SystemExit(f"--variant {text!r}: {exc}") from None
+    return name, env
+
+
 def _print_fault(point: Point) -> None:
     if point.fault:
         print(f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
@@ -644,6 +663,13 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if oracle and oracle["turns"]:
                 ratio |= {"of_oracle_turns": ocpc["turns"] / oracle["turns"], "oracle_cache": oracle["cache_share"]}
             out.append(ratio)
+    for variant in (r for r in rows if r["arm"] not in ("plain", "ocpc", "flags", "oracle")):
+        ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == variant["k"] and r["n"] == variant["n"]), None)
+        if ocpc and ocpc["turns"] and ocpc["turn_mean_s"] and variant["turn_mean_s"]:
+            out.append({"n": variant["n"], "k": variant["k"], "arm": variant["arm"],
+                        "turns_x_ocpc": variant["turns"] / ocpc["turns"],
+                        "turn_time_x_ocpc": variant["turn_mean_s"] / ocpc["turn_mean_s"],
+                        "cache": variant["cache_share"], "ocpc_cache": ocpc["cache_share"]})
     return out
 
 
@@ -655,8 +681,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     slots = sorted({r["n"] for r in rows})
     fig, axes = plt.subplots(2, len(slots), figsize=(4.5 * len(slots), 7), squeeze=False)
+    styles = {"plain": "o--", "flags": "^:", "oracle": "d-.", "ocpc": "s-"}
+    variants = sorted({r["arm"] for r in rows} - set(styles))
     for col, n in enumerate(slots):
-        for arm, style in (("plain", "o--"), ("flags", "^:"), ("oracle", "d-."), ("ocpc", "s-")):
+        for arm, style in (*styles.items(), *((v, "x-") for v in variants)):
             mine = sorted((r for r in rows if r["n"] == n and r["arm"] == arm), key=lambda r: r["k"])
             if not mine:
                 continue
@@ -704,6 +732,9 @@ def main() -> int:
     parser.add_argument("--arms", default="plain,ocpc",
                         help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc), "
                              "oracle (plain with an unbounded RAM cache)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                        help="an arm NAME (give it in --arms): ocpc with these settings, e.g. "
+                             "noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off; its ratios are against ocpc's")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run each point this many times per arm, the arms' order reversed every round "
                              "(A B B A ...), and add the rounds up: a drift of the machine's speed over the run "
@@ -733,6 +764,8 @@ def main() -> int:
         base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
         base["flags"] = base["ocpc"]  # ocpc's server flags without ocpc: what the flags alone do
         base["oracle"] = base["plain"]  # and a RAM cache without limit (ORACLE_RAM_MIB)
+        variants = dict(_variant(text) for text in args.variant)
+        base |= {name: base["ocpc"] for name in variants}  # ocpc, on its server, with other settings
         chosen = tuple(a for a in args.arms.split(",") if a in base) or ("plain", "ocpc")
         base = {arm: base[arm] for arm in chosen}
         ram = {}
@@ -752,11 +785,12 @@ def main() -> int:
                     arms = chosen if turn % 2 == 0 else tuple(reversed(chosen))
                     turn += 1
                     for arm in arms:
-                        home = Path(work) / f"{arm}-np{n}" / (f"k{k}-{len(rounds[arm])}" if arm != "ocpc" else "")
+                        ocpc_like = arm == "ocpc" or arm in variants  # its home is kept across the points of one N
+                        home = Path(work) / f"{arm}-np{n}" / ("" if ocpc_like else f"k{k}-{len(rounds[arm])}")
                         flags = (*base[arm], "--cache-ram", str(ram[arm]))
                         point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags,
                                           window=window, fault=args.fault, doors=args.doors, lines=args.tool_lines,
-                                          warmup=warmup, short=args.smoke)
+                                          warmup=warmup, short=args.smoke, ocpc_env=variants.get(arm))
                         rounds[arm].append(point)
                         each.append(point.row(window))
                         render([each[-1]])
@@ -765,6 +799,10 @@ def main() -> int:
     print()
     render(rows)
     for r in ratios(rows):
+        if "arm" in r:  # a --variant, against ocpc
+            print(f"N={r['n']} K={r['k']}: {r['arm']} served {r['turns_x_ocpc']:.2f}x ocpc's turns, mean turn time "
+                  f"{r['turn_time_x_ocpc']:.2f}x; cache {r['ocpc_cache']:.0%} -> {r['cache']:.0%}")
+            continue
         print(f"N={r['n']} K={r['k']}: ocpc served {r['turns_x']:.2f}x plain's turns, mean turn time "
               f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}"
               + (f"; {r['of_oracle_turns']:.2f}x the oracle's turns (its cache {r['oracle_cache']:.0%})"

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("agents_bench", ROOT / "bench" / "agents_bench.py")
 assert _spec and _spec.loader
@@ -45,3 +47,21 @@ def test_rounds_of_a_point_add_up_to_one_row_over_all_their_windows() -> None:
 def test_one_round_is_the_point_itself() -> None:
     point = _round(1.5, 2, processed=100, cores=0.5)
     assert bench.Point.merged([point]).row(60.0) == point.row(60.0)
+
+
+def test_a_variant_is_ocpc_with_its_settings_and_a_bad_one_stops_the_bench_before_any_server() -> None:
+    assert bench._variant("noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off") == (
+        "noahead", {"OC_PREFIX_CACHE_PARK_AHEAD_S": "off"})
+    for bad in ("noahead", "ocpc:OC_PREFIX_CACHE_PARK_AHEAD_S=off", ":A=1", "x:OC_PREFIX_CACHE_PARK_AHEAD_S=soon"):
+        with pytest.raises(SystemExit):
+            bench._variant(bad)
+
+
+def test_a_variants_ratios_are_against_ocpc_at_the_same_point() -> None:
+    rows = [bench.Point.merged([_round(t, n, processed=100, cores=None)]).row(60.0) for t, n in ((2.0, 4), (1.0, 8))]
+    rows[0]["arm"], rows[1]["arm"] = "plain", "ocpc"
+    variant = _round(1.25, 6, processed=100, cores=None).row(60.0)
+    variant["arm"] = "noahead"
+    out = bench.ratios([*rows, variant])
+    assert out[0]["turns_x"] == 2.0
+    assert out[1]["arm"] == "noahead" and out[1]["turns_x_ocpc"] == 0.75 and out[1]["turn_time_x_ocpc"] == 1.25
