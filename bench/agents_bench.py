@@ -35,14 +35,17 @@ RAM cache runs out where it would for a real user.
 
 Per point and arm: turns served, mean and p95 turn time, TTFT p50/p95, the plugin path's hop
 (its prepare's and report's round trips to the daemon, part of the turn; under pressure the
-prepare's includes its wait for a slot, which plain's requests spend in the server's queue), the share of prompt
-tokens served from cache (1 - the server's own `llamacpp:prompt_tokens_total` / the prompt
-tokens of the answered requests: ocpc's warms and probes count against it), parks written and
-restored, requests failed (must be 0); the JSON also has each turn (agent, seconds, TTFT,
-tokens processed, hop), so a slow tail can be traced to an agent. ``--rounds R`` runs each point R times per arm in the
-order A B B A ... and adds them up: below pressure the arms differ by less than the machine's
-own drift over one run (a single agent's turn went 1,022 -> 1,085 ms between two windows of
-the same arm 15 minutes apart), which one window per arm would book to whichever came later.
+prepare's includes its wait for a slot, which plain's requests spend in the server's queue),
+the share of prompt tokens served from cache (1 - the server's own
+`llamacpp:prompt_tokens_total` / the prompt tokens of the answered requests: ocpc's warms and
+probes count against it), parks written and restored, requests failed (must be 0). The JSON
+also has each turn (agent, seconds, TTFT, tokens processed, hop), so a slow tail can be traced
+to an agent.
+
+``--rounds R`` runs each point R times per arm in the order A B B A ... and adds them up: below
+pressure the arms differ by less than the machine's own drift over one run (a single agent's
+turn went 1,022 -> 1,085 ms between two windows of the same arm 15 minutes apart), which one
+window per arm would book to whichever came later.
 
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2,4,8,16 --window 240
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2 --window 90 --rounds 4 --warmup
@@ -108,6 +111,8 @@ TOOL_LINES = 4
 #: more KV bytes per token on the shorter request (11,992 against 6,506: part of a slot file does
 #: not grow with the prompt), so their RAM caches are larger; at K = 4 neither runs out.
 SHORT_SYSTEM_CHARS = (2000, 1500)
+#: The arms of their own; any other arm is a ``--variant`` of ocpc.
+ARMS = ("plain", "ocpc", "flags", "oracle")
 
 
 # -- the agents -------------------------------------------------------------------------------------
@@ -618,7 +623,7 @@ def _variant(text: str) -> tuple[str, dict[str, str]]:
     """``--variant NAME:KEY=VALUE,...`` as (NAME, its settings); a bad one stops the bench at once."""
     name, _, pairs = text.partition(":")
     env = dict(pair.split("=", 1) for pair in pairs.split(",") if "=" in pair)
-    if not name or name in ("plain", "ocpc", "flags", "oracle") or not env:
+    if not name or name in ARMS or not env:
         raise SystemExit(f"--variant {text!r}: give NAME:KEY=VALUE[,KEY=VALUE], NAME not an arm of its own")
     try:
         Settings.from_env(env)  # a setting ocpc would refuse is refused here, before any server starts
@@ -663,7 +668,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if oracle and oracle["turns"]:
                 ratio |= {"of_oracle_turns": ocpc["turns"] / oracle["turns"], "oracle_cache": oracle["cache_share"]}
             out.append(ratio)
-    for variant in (r for r in rows if r["arm"] not in ("plain", "ocpc", "flags", "oracle")):
+    for variant in (r for r in rows if r["arm"] not in ARMS):
         ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == variant["k"] and r["n"] == variant["n"]), None)
         if ocpc and ocpc["turns"] and ocpc["turn_mean_s"] and variant["turn_mean_s"]:
             out.append({"n": variant["n"], "k": variant["k"], "arm": variant["arm"],
@@ -681,7 +686,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     slots = sorted({r["n"] for r in rows})
     fig, axes = plt.subplots(2, len(slots), figsize=(4.5 * len(slots), 7), squeeze=False)
-    styles = {"plain": "o--", "flags": "^:", "oracle": "d-.", "ocpc": "s-"}
+    styles = {"plain": "o--", "flags": "^:", "oracle": "d-.", "ocpc": "s-"}  # a --variant: "x-"
     variants = sorted({r["arm"] for r in rows} - set(styles))
     for col, n in enumerate(slots):
         for arm, style in (*styles.items(), *((v, "x-") for v in variants)):
