@@ -1,21 +1,31 @@
-"""The agents bench's own arithmetic (no server): what its rows and ratios say is what ran."""
+"""The benches' own logic, without a server: what the agents bench's rows and ratios say is what
+ran, and the router bench's client does what the router asks of it."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
+import respx
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("agents_bench", ROOT / "bench" / "agents_bench.py")
-assert _spec and _spec.loader
-bench = sys.modules.get("agents_bench") or importlib.util.module_from_spec(_spec)
-if "agents_bench" not in sys.modules:
-    sys.modules["agents_bench"] = bench  # its dataclasses look their module up
-    _spec.loader.exec_module(bench)
+
+
+def _bench(name: str) -> ModuleType:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        assert spec and spec.loader
+        sys.modules[name] = importlib.util.module_from_spec(spec)  # its dataclasses look their module up
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+bench = _bench("agents_bench")
 
 
 def _round(turn_s: float, turns: int, *, processed: float, cores: float | None, hop: float | None = None) -> Any:
@@ -65,3 +75,24 @@ def test_a_variants_ratios_are_against_ocpc_at_the_same_point() -> None:
     out = bench.ratios([*rows, variant])
     assert out[0]["turns_x"] == 2.0
     assert out[1]["arm"] == "noahead" and out[1]["turns_x_ocpc"] == 0.75 and out[1]["turn_time_x_ocpc"] == 1.25
+
+
+@respx.mock
+def test_the_router_bench_loads_again_when_the_router_says_try_again_later() -> None:
+    """b11434's router answers a load with 500 "model limit reached, try again later" while the
+    model it would unload has a request in flight; a full test run once failed on it. The router
+    cannot be made to do that on demand, so a stub answers it once."""
+    load = respx.post("http://router/models/load").mock(side_effect=[
+        httpx.Response(500, json={"error": {"message": "model limit reached, try again later"}}),
+        httpx.Response(200, json={"success": True})])
+    client = SimpleNamespace(url="http://router", load_retries=0)
+    _bench("router_load_bench").Bench.load(client, "qwen35")
+    assert load.call_count == 2 and client.load_retries == 1
+
+
+@respx.mock
+def test_the_router_bench_stops_on_any_other_refusal() -> None:
+    respx.post("http://router/models/load").mock(return_value=httpx.Response(
+        500, json={"error": {"message": "model name=x failed to load"}}))
+    with pytest.raises(httpx.HTTPStatusError):
+        _bench("router_load_bench").Bench.load(SimpleNamespace(url="http://router", load_retries=0), "x")
