@@ -79,6 +79,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.daemon import Daemon  # noqa: E402
 from oc_prefix_cache.errors import ConfigError  # noqa: E402
 from oc_prefix_cache.proxy import Proxy  # noqa: E402
@@ -359,7 +360,7 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
     if warmup:
         def first(agent: Agent) -> None:
             try:
-                with httpx.Client(timeout=httpx.Timeout(1800, connect=10)) as http:
+                with loopback.client(timeout=httpx.Timeout(1800, connect=10)) as http:
                     one_turn(http, doors, agent)
             except Exception as exc:  # noqa: BLE001 (a bench records every failure)
                 with guard:
@@ -379,7 +380,7 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
     def loop(agent: Agent) -> None:
         rng = random.Random(agent.seed)
         time.sleep(rng.uniform(3, 10) if warmup else rng.uniform(0, 2))  # agents do not start in lockstep
-        with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as http:
+        with loopback.client(timeout=httpx.Timeout(600, connect=10)) as http:
             while time.monotonic() < end:
                 try:
                     turn = one_turn(http, doors, agent)
@@ -416,7 +417,7 @@ _COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_to
 def server_counters(url: str) -> Counter[str]:
     """The server's own work so far (`/metrics`): prompt tokens processed, and the seconds its
     slots spent prefilling and decoding (per slot: two slots in one batch both count it)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = loopback.get(f"{url}/metrics", timeout=10).text
     out: Counter[str] = Counter()
     for line in text.splitlines():
         name, _, value = line.partition(" ")
@@ -452,9 +453,9 @@ def bytes_per_token(binary: Path, model: Path, home: Path, args: tuple[str, ...]
         body = {**workload.parent().body, "max_tokens": 1, "stream": False}
         if short:
             workload.shorten_system(body, SHORT_SYSTEM_CHARS)
-        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=600).json()
+        answer = loopback.post(f"{server.url}/v1/chat/completions", json=body, timeout=600).json()
         tokens = int(answer["timings"]["prompt_n"])
-        httpx.post(f"{server.url}/slots/0?action=save", json={"filename": "measure.bin"}, timeout=120)
+        loopback.post(f"{server.url}/slots/0?action=save", json={"filename": "measure.bin"}, timeout=120)
         size = (home / "slots" / "measure.bin").stat().st_size
         (home / "slots" / "measure.bin").unlink()
         return size / tokens

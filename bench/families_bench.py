@@ -21,6 +21,7 @@ where ocpc must stand down and cost nothing.
     .venv/bin/python bench/families_bench.py                 # all five (fat-kv takes ~15 min)
     .venv/bin/python bench/families_bench.py --smoke         # CI: qwen3, and gemma3 on its own server
     .venv/bin/python bench/families_bench.py --families gemma3,gemma3-own --json out.json
+    .venv/bin/python bench/families_bench.py --families gemma3 --build 10502 --aa   # an older build, A/A noise
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.sessions_bench import FLAGS, bench_model  # noqa: E402
 from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
+from oc_prefix_cache.rig import MATRIX_BUILDS, PINNED_BUILD, ensure_matrix_server, ensure_rig  # noqa: E402
 from oc_prefix_cache.server_info import model_family  # noqa: E402
 from oc_prefix_cache.settings import Settings  # noqa: E402
 from oc_prefix_cache.tinymodels import ensure_model  # noqa: E402
@@ -79,19 +80,24 @@ def summary(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for label, res in results.items():
         oracle, plain, ocpc = res["oracle"], res["totals"]["plain"], res["totals"]["ocpc"]
         wall = res["wall_ms"]
-        rows.append({"family": label, "oracle": oracle, "plain": plain, "ocpc": ocpc,
-                     "plain_x": plain / oracle, "ocpc_x": ocpc / oracle,
-                     "plain_s": wall["plain"] / 1000, "ocpc_s": wall["ocpc"] / 1000,
-                     "wall_ratio": wall["ocpc"] / wall["plain"]})
+        row = {"family": label, "build": res.get("build", ""), "oracle": oracle, "plain": plain, "ocpc": ocpc,
+               "plain_x": plain / oracle, "ocpc_x": ocpc / oracle,
+               "plain_s": wall["plain"] / 1000, "ocpc_s": wall["ocpc"] / 1000,
+               "wall_ratio": wall["ocpc"] / wall["plain"]}
+        if "plain-again" in wall:  # the A/A arm: plain against itself, in the same alternated run
+            row["aa_ratio"] = wall["plain-again"] / wall["plain"]
+        rows.append(row)
     return rows
 
 
 def render(rows: list[dict[str, Any]]) -> None:
     print(f"{'family':<12} {'oracle':>8} {'plain':>8} {'ocpc':>8} {'plain/oracle':>12} {'ocpc/oracle':>11} "
-          f"{'plain s':>8} {'ocpc s':>8} {'ocpc/plain wall':>15}")
+          f"{'plain s':>8} {'ocpc s':>8} {'ocpc/plain wall':>15} {'A/A wall':>8}  build")
     for r in rows:
+        aa = f"{r['aa_ratio']:.2f}x" if "aa_ratio" in r else "-"
         print(f"{r['family']:<12} {r['oracle']:>8,} {r['plain']:>8,.0f} {r['ocpc']:>8,.0f} {r['plain_x']:>11.2f}x "
-              f"{r['ocpc_x']:>10.2f}x {r['plain_s']:>8.1f} {r['ocpc_s']:>8.1f} {r['wall_ratio']:>14.2f}x")
+              f"{r['ocpc_x']:>10.2f}x {r['plain_s']:>8.1f} {r['ocpc_s']:>8.1f} {r['wall_ratio']:>14.2f}x {aa:>8}  "
+              f"{r.get('build', '')}")
 
 
 def main() -> int:
@@ -99,9 +105,14 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CI: qwen3 and gemma3 on its own server")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--build", default=PINNED_BUILD,
+                        help=f"the llama-server build: the pinned b{PINNED_BUILD} or one of the matrix's "
+                             f"({', '.join(MATRIX_BUILDS)}; `ocpc rig build --matrix` builds them)")
+    parser.add_argument("--aa", action="store_true", help="a third arm, plain again: the run's own A/A noise")
     args = parser.parse_args()
     settings = Settings.from_env()
     rig = ensure_rig(settings)
+    binary = rig.server if args.build == PINNED_BUILD else ensure_matrix_server(settings, args.build)
     labels = list(SMOKE_STEPS) if args.smoke else args.families.split(",")
     unknown = [label for label in labels if label not in FAMILIES]
     if unknown:
@@ -113,9 +124,9 @@ def main() -> int:
             path = (ensure_real_model(rig, settings, family.model) if family.model in REAL_MODELS
                     else ensure_model(rig, family.model))
             plain, ocpc = args_for(family, path)
-            results[label] = bench_model(label, rig.server, path, Path(work), smoke=True, plain_args=plain,
+            results[label] = bench_model(label, binary, path, Path(work), smoke=True, plain_args=plain,
                                          ocpc_args=ocpc, limit=SMOKE_STEPS[label] if args.smoke else None,
-                                         short=args.smoke and family.model in REAL_MODELS)
+                                         short=args.smoke and family.model in REAL_MODELS, aa=args.aa)
             render(summary({label: results[label]}))  # as it goes: the full run is long
     print()
     render(summary(results))

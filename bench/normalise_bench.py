@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.anthropic import to_chat  # noqa: E402
 from oc_prefix_cache.harness.base import Incoming  # noqa: E402
 from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter  # noqa: E402
@@ -56,8 +56,8 @@ def incoming(path: Path) -> Incoming:
 
 def answer(url: str, chat: dict[str, Any], tokens: int) -> tuple[list[int], str, int]:
     """Greedy token ids and text of the model's answer to ``chat``, and the prompt's token count."""
-    prompt = httpx.post(f"{url}/apply-template", json=chat, timeout=60).json()["prompt"]
-    data = httpx.post(f"{url}/completion", timeout=600, json={
+    prompt = loopback.post(f"{url}/apply-template", json=chat, timeout=60).json()["prompt"]
+    data = loopback.post(f"{url}/completion", timeout=600, json={
         "prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, "seed": 1, "cache_prompt": False,
         "return_tokens": True}).json()
     return list(data.get("tokens") or []), str(data.get("content") or ""), int(data["timings"]["prompt_n"])

@@ -61,11 +61,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import platformdirs
 from rich.console import Console
 from rich.table import Table
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.daemon import Daemon
 from oc_prefix_cache.demo import (
     ChatTiming, Spread, load_average, opencode_body, prepare_over_http, report_over_http, server_threads,
@@ -116,7 +116,7 @@ class Arm:
         config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=slot_dir, ctx_size=16384,
                               extra_args=("-t", str(server_threads())))
         self.server = LlamaServer(config=config, log_path=work / f"{name}-server.log")
-        self.http = httpx.Client(timeout=1800)
+        self.http = loopback.client(timeout=1800)
 
     def start(self) -> None:
         self.server.start(timeout=300)

@@ -57,6 +57,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.conversation import parse
 from oc_prefix_cache.demo import (
     CASES, COLD, FIRST, RESTART, UA, Bodies, Sample, Spread, Stage, load_average, prepare_over_http,
@@ -286,7 +287,7 @@ def hit_latency(stage: Stage, session: Session, calls: int) -> dict[str, Any]:
         except httpx.HTTPStatusError as exc:
             raise SystemExit(f"{session.name}: the server refused its prior request ({exc.response.text[:300]})")
         report_over_http(stage.http, url, bind, timing)
-        with httpx.Client() as plugin:
+        with loopback.client() as plugin:
             for i, raw in enumerate(later_turns(session.next_turn, calls)):
                 started = time.perf_counter()
                 answer = plugin.post(f"{url}/v1/prepare", content=raw, headers=headers).json()
@@ -357,7 +358,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, sizes: lis
     results: dict[str, Any] = {"sizes": {}, "load_start": load_average(), "server_threads": server_threads()}
     server.start(timeout=600)
     try:
-        with httpx.Client() as http:  # one client: no per-call connection set-up in the timings
+        with loopback.client() as http:  # one client: no per-call connection set-up in the timings
             stage = Stage(http=http, server=server, work=work, binary=binary)
             for size in sizes:
                 say(f"{label} head~{size}: {rounds} rounds")

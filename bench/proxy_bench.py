@@ -33,6 +33,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
+
 DATA = ROOT / "tests" / "data"
 
 
@@ -189,7 +191,7 @@ class Proxied:
 def client(timeout: float) -> httpx.Client:
     """A client whose small writes go out at once (headers and body are separate writes)."""
     nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    return httpx.Client(timeout=timeout, transport=httpx.HTTPTransport(socket_options=nodelay))
+    return loopback.client(timeout=timeout, transport=httpx.HTTPTransport(socket_options=nodelay))
 
 
 def timed_stream(client: httpx.Client, url: str, raw: bytes, headers: dict[str, str]) -> tuple[float, bytes]:
@@ -323,7 +325,7 @@ def claude_code_arm(runs: int) -> dict[str, Any]:
         with Proxied(server.url, home) as proxy, client(300) as http:
             for i in range(runs + 1):
                 session = f"00000000-0000-4000-8000-{i:012d}"
-                httpx.post(f"{server.url}/slots/0?action=erase", timeout=30)
+                loopback.post(f"{server.url}/slots/0?action=erase", timeout=30)
                 elapsed, answer = timed_stream(http, server.url + "/v1/chat/completions", cold,
                                                {"content-type": "application/json"})
                 if i:

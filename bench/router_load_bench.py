@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.llama_process import free_port  # noqa: E402
 from oc_prefix_cache.process import Supervised, stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.proxy import Bounds, Proxy  # noqa: E402
@@ -95,7 +95,7 @@ class Bench:
         assert self.proxy is not None
         before = len(self._recent(model))
         started = time.perf_counter()
-        answer = httpx.post(f"{self.proxy.url}/v1/chat/completions", json=body, headers=conv.headers(), timeout=900)
+        answer = loopback.post(f"{self.proxy.url}/v1/chat/completions", json=body, headers=conv.headers(), timeout=900)
         request_ms = (time.perf_counter() - started) * 1000
         answer.raise_for_status()
         timings = answer.json()["timings"]
@@ -108,7 +108,7 @@ class Bench:
 
     def _recent(self, model: str) -> list[dict[str, Any]]:
         assert self.proxy is not None
-        models = httpx.get(f"{self.proxy.url}/ocpc/status", timeout=10).json()["models"]
+        models = loopback.get(f"{self.proxy.url}/ocpc/status", timeout=10).json()["models"]
         return list(models.get(model, {}).get("recent") or [])
 
     def evict(self) -> None:
@@ -124,7 +124,7 @@ class Bench:
         often it had to."""
         end = time.monotonic() + 60
         while True:
-            answer = httpx.post(f"{self.url}/models/load", json={"model": model}, timeout=300)
+            answer = loopback.post(f"{self.url}/models/load", json={"model": model}, timeout=300)
             if answer.status_code != 500 or "try again later" not in answer.text or time.monotonic() > end:
                 answer.raise_for_status()
                 return
@@ -132,7 +132,7 @@ class Bench:
             time.sleep(0.5)
 
     def status(self) -> dict[str, str]:
-        data = httpx.get(f"{self.url}/models", timeout=10).json()
+        data = loopback.get(f"{self.url}/models", timeout=10).json()
         return {m["id"]: m["status"]["value"] for m in data["data"]}
 
     def warm_starts(self) -> int:

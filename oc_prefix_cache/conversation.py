@@ -69,7 +69,7 @@ def frame_of(data: dict[str, Any]) -> str:
     other render as an extension only when this is the same (changed tools, a thinking switch
     in ``chat_template_kwargs``: the prompt changes before the first message)."""
     rendered = [[key, data[key]] for key in RENDERED_FIELDS if key in data]
-    return xxhash.xxh64_hexdigest(json.dumps(rendered, ensure_ascii=False).encode())
+    return text_digest(json.dumps(rendered, ensure_ascii=False))
 
 
 def parse(text: str) -> ParsedBody:
@@ -138,7 +138,55 @@ def follow(trail: Trail, raw: bytes) -> Trail | None:
 
 
 def digest(text: str) -> str:
-    return xxhash.xxh64_hexdigest(text.encode())
+    return text_digest(text)
+
+
+def text_digest(text: str) -> str:
+    """xxh64 of a text that may come from a request, lone surrogates and all (a JS agent that cut
+    a tool's output mid-emoji): a digest must never be what fails a request."""
+    return xxhash.xxh64_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class ConversationKey:
+    """What a harness adapter says names a request's conversation, before ocpc looks at what it
+    knows (``instances.py`` turns it into the conversation's own name).
+
+    ``shared``: the key may name two conversations. A session id the agent sends names one
+    conversation (``shared=False``): two requests with it belong together. A key made from what
+    the agent sends (its project text and the first message the person typed) separates two
+    projects and two different first questions, but not two sessions that began alike: Aider,
+    Cline and Qwen Code send byte-identical first requests for the same question in the same
+    project, so nothing in them can tell those sessions apart. Such a key is never taken for the
+    conversation itself: ocpc tells the conversations under it apart by their message chains.
+    """
+
+    name: str  # "" for a request with no conversation to keep (a title, a summary)
+    shared: bool
+    source: str  # what it was made from, in words (logs, status, docs/harnesses.md)
+    #: the harness rewrites earlier turns of a conversation (Aider moves a turn that edited files
+    #: before its chat files): a next turn then need not repeat the last body (instances.py)
+    rewrites_history: bool = False
+
+    @classmethod
+    def session(cls, value: str, *, source: str = "the session id the agent sends") -> ConversationKey:
+        return cls(name=value, shared=False, source=source)
+
+    @classmethod
+    def content(cls, harness: str, *parts: str, source: str, rewrites_history: bool = False) -> ConversationKey:
+        """A shared key from the text that separates the harness's sessions."""
+        text = json.dumps(parts, ensure_ascii=False)  # each part whole: no two lists of parts give one text
+        digest = xxhash.xxh64_hexdigest(text.encode("utf-8", "surrogatepass"))  # a lone surrogate too
+        return cls(name=f"{harness}-{digest}", shared=True, source=source, rewrites_history=rewrites_history)
+
+    @classmethod
+    def chain(cls, digests: tuple[str, ...]) -> ConversationKey:
+        """The fallback: the first two messages as written (a request no adapter names a key for)."""
+        return cls(name=chain_id(digests), shared=True, source="its first two messages as written")
+
+
+#: Between a shared key and the number that tells one of its conversations from the others.
+INSTANCE_SEP = "~"
 
 
 def chain_id(digests: tuple[str, ...]) -> str:
@@ -148,14 +196,6 @@ def chain_id(digests: tuple[str, ...]) -> str:
     and its prepare waited to its deadline for a park of its own slot that nobody would write
     (4 agents on ``-np 4``: pi and an OpenCode agent stuck for the whole window)."""
     return "chain-" + xxhash.xxh64_hexdigest("".join(digests[:2]).encode())
-
-
-def chain_of(raw: bytes) -> str:
-    """``chain_id`` of a chat body; "" when it is not one (its prepare says why)."""
-    try:
-        return chain_id(parse(raw.decode("utf-8")).digests)
-    except (UnicodeDecodeError, BadRequestBody, RecursionError):
-        return ""
 
 
 def _messages(text: str, i: int) -> tuple[list[Any], tuple[str, ...], int, int]:

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .broker import Ask, head_key, returning
-from .conversation import chain_of
+from .broker import Ask, Claim, head_key, returning
 from .deadline import Deadline
 from .errors import BadRequestBody, ConfigError, OcpcError
 from .harness.base import head_by_markers
-from .head import MAX_BODY_BYTES, Head
+from .guard import DAEMON_ROUTES, Guard, route_of
+from .harness import Incoming, OpenCodeAdapter
+from .head import MAX_BODY_BYTES, Head, continuing
 from .prepare import Preparer, PrepareResult
 from .router import LoadWatch, RouterCheck
 from .server_info import port_of, read_runtime
@@ -190,32 +191,36 @@ class Daemon:
         if lower.get("x-ocpc-pin") != "1":
             return self._issue(preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
         n_slots = broker.n_slots()
-        taken = broker.take(self._ask(raw, lower, n_slots), deadline=deadline, gone=gone)
-        if gone is not None and gone.is_set():
-            broker.give_back(taken)
-            preparer.count("client_gone_before_prepare")
-            log.info("slot %d: the plugin went away while its prepare waited for the slot; nothing prepared", taken.slot)
-            return PrepareResult("failed", reason="the plugin went away before its slot was free").to_json() | {
-                "slot": taken.slot, "pin": False}
-        if taken.hold is None:
-            broker.give_back(taken)
-            preparer.count("failed:slot_busy")
-            return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
-        try:
+        claim = Claim(broker)
+        lent = False
+        try:  # the slot goes back in the ``finally`` unless it was lent until the plugin's report
+            ask = self._ask(preparer, raw, lower, n_slots)
+            taken = claim.take(ask, deadline=deadline, gone=gone)
+            if gone is not None and gone.is_set():
+                preparer.count("client_gone_before_prepare")
+                log.info("slot %d: the plugin went away while its prepare waited for the slot; nothing prepared",
+                         taken.slot)
+                return PrepareResult("failed", reason="the plugin went away before its slot was free").to_json() | {
+                    "slot": taken.slot, "pin": False}
+            if taken.hold is None:
+                preparer.count("failed:slot_busy")
+                return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
             with taken.hold.inside():
-                result = preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode")
-        except BaseException:
-            broker.give_back(taken)  # prepare never raises; if it ever does, the slot is not left held
-            raise
-        self._issue(preparer, result)
-        if gone is not None and gone.is_set():
-            preparer.count("client_gone_during_prepare")
-            broker.give_back(taken)  # its request went out unpinned, and no report will come
-        elif result.prepare_id and result.fingerprint:
-            broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
-        else:
-            broker.give_back(taken)  # no report will come (skipped, a title): nothing to keep it for
-        return result.to_json() | {"slot": taken.slot, "pin": n_slots > 1}
+                proven = taken.conversation if ask.key is None and taken.conversation else None  # a session id
+                result = preparer.prepare(raw, headers, slot=taken.slot, deadline=deadline, harness="opencode",
+                                          conversation=taken.conversation or None,
+                                          session=proven if proven is not None else ("" if ask.key else None))
+            self._issue(preparer, result)
+            if gone is not None and gone.is_set():
+                preparer.count("client_gone_during_prepare")  # its request went out unpinned: no report comes
+            elif result.prepare_id and result.fingerprint:
+                broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
+                lent = True
+            # else no report will come (skipped, a title): nothing to keep it for
+            return result.to_json() | {"slot": taken.slot, "pin": n_slots > 1}
+        finally:
+            if not lent:
+                claim.release()
 
     def preparers(self) -> list[Preparer]:
         """The server's Preparer, and behind a router each model's."""
@@ -267,17 +272,21 @@ class Daemon:
                     self._issued.popitem(last=False)
         return result
 
-    def _ask(self, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
+    def _ask(self, preparer: Preparer, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
         """What the broker needs before the prepare: the conversation (``x-session-id``; none for
         a request with no head, such as a title) and the head's cheap key."""
-        session = headers.get("x-session-id", "")
         try:
             data = json.loads(raw)
             head = head_by_markers(data, self.settings.markers) if isinstance(data, dict) else None
         except (ValueError, RecursionError, BadRequestBody):
             data, head = None, None
-        conversation = "" if not isinstance(head, Head) else session or chain_of(raw)
-        return Ask(conversation=conversation, head_key=head_key(head) if isinstance(head, Head) else "",
+        conversation, key, going_on = "", None, False
+        if isinstance(data, dict) and isinstance(head, Head):  # the plugin's own session header, as OpenCode's adapter reads it
+            key = OpenCodeAdapter(markers=self.settings.markers).key(Incoming(api="openai", headers=headers, body=data),
+                                                                     data)
+            conversation = "" if key.shared else key.name  # a shared key: named by the broker as it takes the slot
+            going_on = key.shared and continuing(data["messages"], head)
+        return Ask(key=key if key is not None and key.shared else None, raw=raw, continuing=going_on,conversation=conversation, head_key=head_key(head) if isinstance(head, Head) else "",
                    n_slots=n_slots, default_slot=self.settings.slot,
                    returning=isinstance(data, dict) and returning(data))
 
@@ -412,17 +421,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: POST {self.path}"})
 
     def _refusal(self, *, need_json: bool = True) -> tuple[HTTPStatus, dict[str, Any]] | None:
-        """Only local programs may drive or read the daemon, never a web page in a browser.
-
-        A page can POST text/plain to loopback without a preflight, and a rebound DNS
-        name can reach it (and read GET answers) too: so no Origin header and a loopback
-        Host on every request, and JSON only for POSTs.
-        """
-        if self.headers.get("Origin") is not None:
-            return HTTPStatus.FORBIDDEN, {"error": "requests from web pages are refused"}
-        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
-        if host not in LOOPBACK_HOSTS:
-            return HTTPStatus.FORBIDDEN, {"error": f"Host {host!r} is not a loopback name"}
+        """Only local programs may drive or read the daemon, never a web page in a browser
+        (guard.py: every route of the daemon is ocpc's own), and POSTs are JSON only (a page can
+        POST text/plain without a preflight)."""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        refusal = Guard().judge(route_of(DAEMON_ROUTES, self.command, self.path), headers)
+        if refusal is not None:
+            return HTTPStatus(refusal.status), {"error": refusal.reason}
         if need_json and (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
             return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send Content-Type: application/json"}
         return None
@@ -448,9 +453,13 @@ class _Handler(BaseHTTPRequestHandler):
             threading.Thread(target=_watch_departure, args=(self.connection, gone, answered),
                              name="ocpc-departure", daemon=True).start()
         try:
-            body = json.dumps(self.server.daemon.prepare(raw, headers, deadline=deadline, gone=gone)).encode()
+            answer = self.server.daemon.prepare(raw, headers, deadline=deadline, gone=gone)
+        except Exception as exc:  # a bug of ours: an answer all the same (the headers are out), and the request goes on
+            log.exception("a prepare crashed; answering failed")
+            answer = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}").to_json()
         finally:
             answered.set()
+        body = json.dumps(answer).encode()
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
 
     def _report(self, raw: bytes) -> None:

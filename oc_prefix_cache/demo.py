@@ -38,6 +38,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from . import loopback
 from .daemon import Daemon
 from .launch import family_flags
 from .llama_process import LlamaServer, ServerConfig, free_port
@@ -340,7 +341,7 @@ def run_demo(*, binary: Path, model: Path, step: Step, rounds: int = ROUNDS, ctx
         step(f"llama-server with {model.name}, started fresh for each round")
         samples: list[Sample] = []
         try:
-            with httpx.Client() as http:  # one client: no per-call connection set-up in the timings
+            with loopback.client() as http:  # one client: no per-call connection set-up in the timings
                 stage = Stage(http=http, server=server, work=work, binary=binary)
                 for index in range(rounds):
                     samples += run_round(stage, index, bodies, step)

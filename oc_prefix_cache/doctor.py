@@ -4,7 +4,9 @@ Checks run in order and later ones are skipped when the server is down. Each che
 ``Check`` with ``ok``, ``warn`` or ``fail``; any ``fail`` makes the exit code non-zero.
 Each harness ``ocpc install`` wired to the proxy (Claude Code, pi, Kilo, Codex, Aider, Qwen
 Code, Cline) gets a check of its own: its config still points at the proxy, and the proxy
-answers there.
+answers there. ``privacy`` flags any of ocpc's folders or files (the home, the slot folder,
+a slot file, the index, a log) that group or others can reach (privacy.py). ``proxy-env`` says
+when ``HTTP_PROXY`` & co. would send the agents' requests past ocpc, to that proxy (proxy_env.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from . import loopback
+from .capability import Capabilities, Capability
 from .demo import opencode_body
 from .errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
 from .families import SWA_FULL, CacheFacts, Family
@@ -28,6 +32,7 @@ from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .head import Head, extract_head, parse_body
 from . import jsonc
 from .install import (
+    HARNESSES,
     InstallError,
     config_target,
     default_config_path,
@@ -41,6 +46,8 @@ from .install import claude_code as claude_install
 from .install import pi as pi_install
 from .install.edits import FormatError
 from .install.records import InstallRecord, format_of
+from .privacy import describe_left, fix_command, scan
+from .proxy_env import AGENT_NAMES, PROXY_VARS, proxy_gap
 from .render import render_head
 from .server_info import (
     ResolvedServer,
@@ -80,7 +87,8 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None,
     server = server or ResolvedServer(url=settings.base_url, why="OC_PREFIX_CACHE_BASE_URL or its default")
     settings = replace(settings, base_url=server.url)
     harnesses = harness_checks(settings, cwd=Path.cwd())
-    checks: list[Check] = [_index(settings), _daemon(settings),
+    checks: list[Check] = [_index(settings), _privacy(settings), _daemon(settings),
+                           proxy_env_check(settings, os.environ),
                            _opencode(settings, opencode_config, optional=bool(harnesses)), *harnesses]
     with SlotClient(settings.base_url, timeouts=Timeouts(connect=1.0, quick=10.0, slot_io=60.0)) as client:
         try:
@@ -99,12 +107,44 @@ def run_checks(settings: Settings, *, opencode_config: Path | None = None,
         layout, head_tokens = _layout(settings, client)
         checks.append(layout)
         checks.append(_family(identity.cache))
+        checks.append(_self_test(settings, str(props.get("model_path") or "")))
         checks.append(_build(str(props.get("build_info") or "unknown"), identity.cache.partial_cache, props))
         checks.append(_kv_flags(argv, client, port))
         checks.append(_min_step(argv, head_tokens, identity.cache.family is Family.HYBRID))
         checks.append(_slots(int(props.get("total_slots") or 1), opencode_config or _default_config()))
         checks.append(_disk(settings))
     return checks
+
+
+def _self_test(settings: Settings, model_path: str) -> Check:
+    """What this server's build does with slot files (capability.py), as the running daemon learned
+    it (and whether it stands down on the server now), else as ``capabilities.json`` keeps it for
+    this model: the build, its slot-file version, whether a restore serves, what to do."""
+    try:
+        status = loopback.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(3.0, connect=0.5)).json()
+    except (httpx.HTTPError, ValueError):
+        status = None
+    mine = isinstance(status, dict) and same_server(str((status.get("server") or {}).get("url") or ""),
+                                                     settings.base_url)
+    daemon = status.get("daemon") if mine and isinstance(status, dict) else None
+    daemon = daemon if isinstance(daemon, dict) else {}
+    down, found = daemon.get("stood_down"), daemon.get("capability")
+    capability = Capability.from_json(found) if isinstance(found, dict) else None
+    if capability is None:  # no daemon serving it: the newest self-test of this model on this machine
+        kept = [c for c in Capabilities(settings.capabilities_path).all() if c.model == model_path]
+        capability = max(kept, key=lambda c: c.at, default=None)
+    if isinstance(down, str) and down:
+        return Check("self-test", "fail", f"ocpc stands down on this server until it restarts: {down}",
+                     capability.advice() if capability is not None and not capability.usable else
+                     "see the reason; `ocpc status` shows it too")
+    if capability is None:
+        return Check("self-test", "ok", "not run yet: the first prepare on this server binary and model runs it "
+                     "(a few tokens saved, restored and reused)")
+    what = (f"build {capability.build.split('|')[0]}, slot-file version {capability.version}"
+            f"{'' if capability.known_format else ' (a version this ocpc has not read)'}: {capability.reason}")
+    if capability.usable:
+        return Check("self-test", "ok", what)
+    return Check("self-test", "fail", what, capability.advice())
 
 
 def _kv_flags(argv: list[str] | None, client: SlotClient, port: int | None) -> Check:
@@ -262,12 +302,42 @@ def _index(settings: Settings) -> Check:
         index = Store(index_path=settings.index_path, lock_path=settings.lock_path).load()
     except StoreError as exc:
         return Check("index", "fail", str(exc), f"fix or move away {settings.index_path}")
-    return Check("index", "ok", f"{len(index.entries)} fingerprint(s) recorded")
+    foreign = len(index.foreign)
+    kept = (f"; {foreign} entr{'y' if foreign == 1 else 'ies'} of a kind this ocpc does not know (a newer "
+            "version's): kept as they are, never used or deleted") if foreign else ""
+    return Check("index", "ok", f"{len(index.entries)} fingerprint(s) recorded{kept}")
+
+
+def _privacy(settings: Settings) -> Check:
+    """ocpc's folders 0700 and files 0600: a park's token ids decode to the whole prompt with the
+    model's tokenizer, and the logs hold session ids."""
+    try:
+        found = scan(settings)
+    except OSError as exc:
+        return Check("privacy", "warn", f"cannot check the modes of ocpc's files: {exc}")
+    if not found:
+        return Check("privacy", "ok", f"ocpc's folders and files are yours alone ({settings.home}, {settings.slot_dir})")
+    ours = [f for f in found if not f.left]
+    theirs = [f for f in found if f.left]
+    detail = ("other users can reach what may hold your prompts (a slot file decodes to its whole prompt) and "
+              "session ids: " + "; ".join(describe_left(found)))
+    fixes = []
+    if ours:
+        fixes.append(f"`ocpc doctor --fix` (changes only ocpc's own names), or: {_shortened(fix_command(ours))}")
+    if theirs:
+        fixes.append(f"if no other account needs them: {_shortened(fix_command(theirs))}; and start llama-server "
+                     "under umask 077 (`ocpc launch` does; systemd: UMask=0077) so its slot files are 0600")
+    return Check("privacy", "warn", detail, "; ".join(fixes))
+
+
+def _shortened(command: str, limit: int = 600) -> str:
+    """A fix command of many files, cut to a readable length (the detail names the rest)."""
+    return command if len(command) <= limit else command[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _daemon(settings: Settings) -> Check:
     try:
-        httpx.get(f"{settings.daemon_url}/health", timeout=httpx.Timeout(2.0, connect=0.5)).raise_for_status()
+        loopback.get(f"{settings.daemon_url}/health", timeout=httpx.Timeout(2.0, connect=0.5)).raise_for_status()
     except httpx.HTTPError:
         return Check("daemon", "warn", f"no ocpc daemon at {settings.daemon_url}: sessions go on uncached",
                      "run `ocpc launch` (server and daemon) or `ocpc daemon`")
@@ -277,6 +347,29 @@ def _daemon(settings: Settings) -> Check:
                      f"not {settings.base_url}", f"run `ocpc daemon --server {settings.base_url}` (another "
                      "OC_PREFIX_CACHE_DAEMON_PORT for a second one), or check the right server with --server")
     return Check("daemon", "ok", f"up at {settings.daemon_url}" + (f", serving {served}" if served else ""))
+
+
+def installed_agents(settings: Settings) -> list[str]:
+    """The agents ``ocpc install`` wired to ocpc here (its records), by name."""
+    try:
+        return [AGENT_NAMES.get(h, h) for h in HARNESSES if installed(settings, h)]
+    except InstallError:
+        return []
+
+
+def proxy_env_check(settings: Settings, environ: Mapping[str, str]) -> Check:
+    """Proxy variables the agents would follow past ocpc (proxy_env.py): ocpc ignores them for
+    its own calls, the agents do not. A fail when an agent is installed here; this reads only
+    this process's environment, which is the agents' when they start from the same shell."""
+    gap = proxy_gap(environ, [settings.proxy_url, settings.daemon_url, settings.base_url])
+    if gap is None:
+        set_now = [name for name in PROXY_VARS if environ.get(name, "").strip()]
+        return Check("proxy-env", "ok", f"{', '.join(set_now)} set, and NO_PROXY keeps 127.0.0.1 out of it"
+                     if set_now else "no proxy variable set: the agents reach ocpc directly")
+    agents = installed_agents(settings)
+    return Check("proxy-env", "fail" if agents and not gap.https_only else "warn",
+                 gap.detail(f"{', '.join(agents)} (installed here)" if agents else "an agent",
+                            "ocpc's proxy, daemon and llama-server"), gap.fix)
 
 
 def _opencode(settings: Settings, config: Path | None, *, optional: bool = False) -> Check:
@@ -330,11 +423,11 @@ Probe = Callable[[str], ProxyProbe]
 def probe_proxy(url: str) -> ProxyProbe:
     timeout = httpx.Timeout(5.0, connect=1.0)
     try:
-        health = httpx.get(f"{url}/health", timeout=timeout)
+        health = loopback.get(f"{url}/health", timeout=timeout)
     except httpx.HTTPError as exc:
         return ProxyProbe(url, None, str(exc) or type(exc).__name__)
     try:
-        status = httpx.get(f"{url}/ocpc/status", timeout=timeout)
+        status = loopback.get(f"{url}/ocpc/status", timeout=timeout)
         server = status.json().get("server") if status.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         server = None

@@ -7,7 +7,8 @@ line's ``prompt_n`` is what the server's ``/metrics`` counts as processed.
 
 Bounded: the file rolls over at ``MAX_BYTES`` and one old generation is kept, so a busy day
 costs at most twice that (about 20k requests per generation). Writing never fails a request:
-an error is counted by the caller and the line is dropped.
+an error is counted by the caller and the line is dropped. The file is 0600 in a 0700 folder
+(privacy.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .files import private_dir, private_opener
 
 MAX_BYTES = 4_000_000
 FILE = "events.jsonl"
@@ -69,13 +72,13 @@ class EventLog:
         """Append one line; OSError to the caller (who counts it and goes on)."""
         line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
         with self._guard:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
             try:
                 if self.path.stat().st_size + len(line) > self.max_bytes:
                     os.replace(self.path, self.path.with_suffix(".jsonl.1"))
             except FileNotFoundError:
                 pass
-            with open(self.path, "ab") as out:
+            with open(self.path, "ab", opener=private_opener) as out:
                 out.write(line)
 
 

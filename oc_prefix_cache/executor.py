@@ -25,11 +25,12 @@ from pathlib import Path
 
 from .deadline import SLOT_CHANGE_MARGIN_S, Deadline
 from .errors import OcpcError, ServerError, SlotFileError, SlotRestoreFailed, StoreError
+from .files import chmod_private
 from .fingerprint import ServerIdentity
 from .gates import header_gate, prefix_gate, probe_gate, untouched
 from .planner import PROBE_TOKENS, HeadPlan
 from .slot_client import SlotClient
-from .slotfile import file_digest, part_name, read_header, slot_filename
+from .slotfile import KNOWN_VERSIONS, file_digest, part_name, read_header, slot_filename
 from .store import Entry, Index, Store, slot_key
 from .tracker import Observation, SlotTracker
 
@@ -41,9 +42,10 @@ class GateFailed(OcpcError):
     """Evidence against the file itself: it must be rebuilt. ``probe``: the server did not
     reuse it on an untouched slot (the evidence that, repeated, is about the server)."""
 
-    def __init__(self, message: str, *, probe: bool = False) -> None:
+    def __init__(self, message: str, *, probe: bool = False, unknown_version: int | None = None) -> None:
         super().__init__(message)
         self.probe = probe
+        self.unknown_version = unknown_version  # the file's slot-file version, when this ocpc has not read it
 
 
 class Contended(OcpcError):
@@ -105,8 +107,9 @@ class Executor:
     """Slot actions for one server. Stateless beyond its collaborators; thread-safe."""
 
     def __init__(self, *, client: SlotClient, tracker: SlotTracker, store: Store, slot_dir: Path,
-                 on_saved: Callable[[], None] = lambda: None) -> None:
+                 on_saved: Callable[[], None] = lambda: None, known: frozenset[int] = KNOWN_VERSIONS) -> None:
         self.client = client
+        self.known = known  # slot-file versions read as known (an unknown one fails for good at its first gate)
         self.tracker = tracker
         self.store = store
         self.slot_dir = slot_dir
@@ -134,10 +137,18 @@ class Executor:
         """
         path = self.slot_dir / slot_filename(prefix.key, prefix.kind)
         try:
-            header = read_header(path)
+            header = read_header(path, known=self.known)
             stat = path.stat()
         except (SlotFileError, OSError) as exc:
             raise GateFailed(f"unreadable file: {exc}") from exc
+        if not header.known:  # used only once the gates prove it here; a failure is the format's, not the file's
+            prove = True
+        unknown = None if header.known else header.version
+
+        def failed(message: str, *, probe: bool = False) -> GateFailed:
+            return GateFailed(message if unknown is None else f"{message} (slot-file version {unknown}, which this "
+                              "ocpc has not read)", probe=probe, unknown_version=unknown)
+
         if prefix.kind == "conv":
             gate = prefix_gate(header.tokens, plan.request_tokens)
             tokens = tuple(header.tokens)
@@ -145,15 +156,18 @@ class Executor:
             gate = header_gate(header.tokens, prefix.tokens)
             tokens = prefix.tokens
         if not gate.ok:
-            raise GateFailed(gate.reason)
+            raise failed(gate.reason)
         key = (path.name, stat.st_size, stat.st_mtime_ns)
         if prove or not self.tracker.proven(self.server, key):
             prove = True
-            self._check_digest(prefix.key, path, deadline=deadline)
+            try:
+                self._check_digest(prefix.key, path, deadline=deadline)
+            except GateFailed as exc:
+                raise failed(str(exc)) from exc
         # see below: without the process as witness, a task must follow a restore on a fresh server
         fresh = before.id_task is None and not witnessed
         prove = prove or fresh
-        if (prefix.kind == "conv" or by_request) and not fresh:
+        if (prefix.kind == "conv" or by_request) and not fresh and header.known:
             # A park is this conversation's own exact prefix, under this server's identity,
             # checked token for token against the request and by digest: its reuse is proven
             # by the real request itself (its report), so no probe. Unless the server is fresh
@@ -172,7 +186,7 @@ class Executor:
         try:
             self.client.restore(slot, path.name, deadline=deadline)
         except SlotRestoreFailed as exc:
-            raise GateFailed(str(exc)) from exc
+            raise failed(str(exc)) from exc
         if not prove:
             return Done("restored", f"restored {_what(prefix.kind)} in {_ms(started)} ms (proven on this server)",
                         True, tokens)
@@ -186,7 +200,7 @@ class Executor:
                               probe_processed=timings.prompt_n, probe_tokens=len(tokens) + len(probe),
                               after_tokens=after.n_tokens, was_busy=before.busy)
             if alone.ok:
-                raise GateFailed(f"{gate.reason}; {alone.reason}", probe=True)
+                raise failed(f"{gate.reason}; {alone.reason}", probe=True)
             raise Contended(f"{gate.reason}, but {alone.reason}: not blamed on the file")
         self.tracker.prove(self.server, key, epoch=epoch)
         return Done("restored", f"restored {_what(prefix.kind)} and gated in {_ms(started)} ms: {gate.reason}",
@@ -243,6 +257,7 @@ class Executor:
                 raise SlotFileError(f"{part.name} does not hold the expected {len(tokens)} tokens after saving")
             digest = file_digest(part)
             size = part.stat().st_size
+            _keep_private(part)
             part.replace(final)
         except (ServerError, SlotFileError, OSError) as exc:
             part.unlink(missing_ok=True)
@@ -312,6 +327,15 @@ class Executor:
             self.client.erase(slot, deadline=deadline)
         except (ServerError, OcpcError) as exc:
             log.warning("could not erase slot %d: %s", slot, exc)
+
+
+def _keep_private(path: Path) -> None:
+    """A slot file decodes to its prompt: 0600 before it takes its name, when it is ours to change
+    (a server ocpc did not start writes under its own umask; one of another user keeps its mode)."""
+    try:
+        chmod_private(path)
+    except OSError:
+        pass  # the 0700 slot folder still keeps it from other users
 
 
 def _what(kind: str) -> str:

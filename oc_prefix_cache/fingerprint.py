@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
+from .conversation import text_digest
 from .families import CacheFacts
 from .head import Head
 
@@ -84,9 +83,8 @@ def server_key(server: ServerIdentity, *, ocpc_version: str) -> str:
     the server (model files, build, template, n_ctx, KV flags, adapters) that decides what
     a slot file means. A same-shape file from other weights restores silently, so parks are
     only ever looked up under this key."""
-    blob = json.dumps({"format": FORMAT, "server": _server_part(server), "ocpc": ocpc_version},
-                      sort_keys=True, ensure_ascii=False).encode()
-    return xxhash.xxh64_hexdigest(blob)
+    return text_digest(json.dumps({"format": FORMAT, "server": _server_part(server), "ocpc": ocpc_version},
+                                  sort_keys=True, ensure_ascii=False))
 
 
 def fingerprint(inputs: FingerprintInputs) -> str:
@@ -99,8 +97,7 @@ def fingerprint(inputs: FingerprintInputs) -> str:
         "model_name": inputs.head.model,
         "rendered_head": inputs.rendered_head,  # tools, system text and template, as the KV holds them
     }
-    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
-    return xxhash.xxh64_hexdigest(blob)
+    return text_digest(json.dumps(payload, sort_keys=True, ensure_ascii=False))
 
 
 # -- the server flags that change what the KV cache holds ----------------------------------

@@ -14,13 +14,16 @@ ocpc writes five kinds of file in the slot folder, each with its own rule:
   older than the park TTL;
 - ``part`` (``<final name>.<8 hex>.part``, a save in progress): gone after an hour, since a
   file still being written has a fresh mtime;
-- ``doctor`` (``ocpc-doctor-<pid>.bin``, ``ocpc doctor``'s probe): gone once its process is
+- ``doctor`` (``ocpc-doctor-<pid>.bin``, ``ocpc doctor``'s probe, and ``ocpc-selftest-<pid>-<8 hex>.bin``,
+  the self-test at first contact with a server: capability.py): gone once its process is
   not running and it is ten minutes old.
 
 Heads and project heads share one size cap, parked conversations have their own; each is
 trimmed least recently used first. What is never deleted, whatever the settings: any other
-name, anything that is not a regular file (a symlink is never followed), and a current key
-(while a running ocpc has seen its slot in the last three days: ``STALE_CURRENT_S``).
+name, anything that is not a regular file (a symlink is never followed), a current key
+(while a running ocpc has seen its slot in the last three days: ``STALE_CURRENT_S``), and
+the file of an index entry of a kind this ocpc does not know (a newer ocpc's, after a
+downgrade: ``Index.foreign``), nor that entry, whatever its file is named.
 A corrupt index, or a slot folder that cannot be listed, turns cleanup off for the run:
 without the index we cannot tell what is current; without the listing (a disk not mounted)
 every entry would look like a deleted file.
@@ -123,9 +126,9 @@ def name_kind(name: str) -> Kind | None:
 
 
 def doctor_pid(name: str) -> int | None:
-    """The pid in a doctor probe's name (``DOCTOR_RE`` takes ASCII digits only)."""
+    """The pid in the name of a doctor probe or a self-test's file (``DOCTOR_RE`` takes ASCII digits only)."""
     match = DOCTOR_RE.fullmatch(name)
-    return int(match.group(1)) if match else None
+    return int(match.group(1) or match.group(2)) if match else None
 
 
 def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str | None,
@@ -136,7 +139,9 @@ def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str 
 
     ``live_pids``: which doctor-probe pids are running (the caller asks the system).
     """
-    ours = sorted((f for f in files if f.regular and name_kind(f.name)), key=lambda f: f.name)
+    foreign = index.foreign_files() if index is not None else frozenset()
+    ours = sorted((f for f in files if f.regular and name_kind(f.name) and not _foreign(f.name, foreign)),
+                  key=lambda f: f.name)
     ignored = tuple(sorted(f.name for f in files if f not in ours))
     total = sum(f.bytes for f in ours)
     why = _why_disabled(index, index_error, listing_error)
@@ -163,6 +168,11 @@ def plan_gc(*, files: Sequence[DiskFile], index: Index | None, index_error: str 
     orphans = tuple(f.name for f in ours if name_kind(f.name) in FINISHED and f.name not in view.keys_of)
     return GcPlan(tuple(decided[f.name] for f in ours), ignored, orphans, missing, None,
                   tuple(warnings), total, kept_total, stale_current=stale)
+
+
+def _foreign(name: str, foreign: Collection[str]) -> bool:
+    """A file an entry of an unknown kind names, or a temp file saving one: never ours to judge."""
+    return name in foreign or (part_target(name) or "") in foreign
 
 
 def stale_current(index: Index, now: float) -> tuple[str, ...]:
@@ -482,11 +492,12 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
            store: Store, now: float) -> GcPlan:
     """Delete what the plan says, re-checking each file first; then drop its entries."""
     current = {key for slot, key in index.current.items() if slot not in plan.stale_current}
+    foreign = index.foreign_files()
     decisions, warnings, gone = list[Decision](), list(plan.warnings), set[str]()
     for d in plan.decisions:
         if d.action == "delete":
             path = settings.slot_dir / d.name
-            why = _still_deletable(path, listed[d.name], current=current, alive=pid_alive)
+            why = _still_deletable(path, listed[d.name], current=current, alive=pid_alive, foreign=foreign)
             if why is None:
                 try:
                     path.unlink(missing_ok=True)
@@ -517,7 +528,7 @@ def _apply(plan: GcPlan, index: Index, listed: dict[str, DiskFile], settings: Se
 
 
 def _still_deletable(path: Path, planned: DiskFile, *, current: set[str],
-                     alive: Callable[[int], bool]) -> str | None:
+                     alive: Callable[[int], bool], foreign: Collection[str] = frozenset()) -> str | None:
     """None if ``path`` is still the regular ocpc file we planned on; else why not.
 
     Run just before each unlink: the name must still be one ocpc writes, a finished file's
@@ -527,6 +538,8 @@ def _still_deletable(path: Path, planned: DiskFile, *, current: set[str],
     kind = name_kind(path.name)
     if kind is None:
         return "not a file ocpc writes"
+    if _foreign(path.name, foreign):
+        return "named by an index entry of a kind this ocpc does not know"
     if kind in FINISHED and fingerprint_of(path.name) in current:
         return "is a current fingerprint"
     pid = doctor_pid(path.name)

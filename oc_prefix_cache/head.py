@@ -75,6 +75,15 @@ def parse_body(raw: bytes) -> ChatBody:
     return from_parsed(parse(text))
 
 
+def continuing(messages: list[Any], head: Head) -> bool:
+    """Whether a request carries earlier turns of its own conversation: an assistant message after
+    the harness's fixed preamble (Aider's example exchange and repo map, through the head's
+    ``project_tail`` when that is a whole message, hold assistant messages that are no turns)."""
+    preamble = next((i + 1 for i, m in enumerate(messages)
+                     if head.project_tail and isinstance(m, dict) and message_text(m) == head.project_tail), 0)
+    return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages[preamble:])
+
+
 def from_parsed(parsed: ParsedBody) -> ChatBody:
     return ChatBody(data=parsed.data, messages=parsed.messages, digests=parsed.digests)
 

@@ -5,6 +5,9 @@ One command, one foreground process tree: llama-server runs in its own process g
 Ctrl-C or SIGTERM stops both; a lock file per port refuses a second launch; a runtime
 file (``server-<port>.json``) tells ``doctor`` and ``status`` how the server was started.
 Each default flag says why in ``cache_flags`` (and in docs/configuration.md).
+llama-server (a router too, and the servers it spawns) runs under umask 077, so its slot
+files are 0600; ocpc's own folders are made 0700 and what an earlier ocpc left open to other
+users is tightened before anything starts (privacy.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .daemon import Daemon
 from .deadline import Deadline
 from .errors import ConfigError, OcpcError, ProcessError
 from .families import SWA_FULL, Family
-from .files import write_atomic
+from .files import private_dir, private_opener, write_private
 from .gates import CHECKPOINT_FILES_BUILD, build_number
 from .prepare import Preparer
 from .process import Supervised
@@ -136,8 +139,8 @@ def _build_from_version(version: str) -> int | None:
 def launch_lock(settings: Settings, port: int) -> Iterator[None]:
     """One launch per port: a held flock, with the holder's pid inside for the message."""
     path = settings.home / f"launch-{port}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    private_dir(path.parent)
+    with open(path, "a+", opener=private_opener) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -161,6 +164,9 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
         say: Callable[[str], None], on_wait: Callable[[float], None], on_ready: Callable[[], None],
         load_timeout: float = 900.0) -> int:
     """Start both, wait for a signal or the server's exit, stop both. Returns an exit code."""
+    from .privacy import tighten_at_start
+
+    tighten_at_start(settings)  # before the first file is written: what an earlier ocpc left
     stop, hurry = threading.Event(), threading.Event()
 
     def on_signal(*_: object) -> None:
@@ -181,7 +187,7 @@ def run(settings: Settings, *, binary: Path, argv: list[str], port: int, host: s
     proxy: ProxyServer | None = None
     try:
         with launch_lock(settings, port):
-            settings.slot_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(settings.slot_dir)  # 0700: the slot files' only guard from a server ocpc did not start
             say(f"starting llama-server on {url} (log: {server.log_path})")
             try:
                 server.start(timeout=load_timeout, on_wait=waiting)
@@ -280,4 +286,4 @@ def start_proxy(settings: Settings, daemon: Daemon, *, say: Callable[[str], None
 def _write_runtime(settings: Settings, port: int, pid: int | None, binary: Path, argv: list[str], url: str) -> None:
     data = {"pid": pid, "launcher_pid": os.getpid(), "binary": str(binary), "argv": argv, "url": url,
             "started": int(time.time())}
-    write_atomic(runtime_path(settings, port), json.dumps(data, indent=1).encode())
+    write_private(runtime_path(settings, port), json.dumps(data, indent=1).encode())

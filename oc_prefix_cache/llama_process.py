@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .files import private_dir
 from .process import Supervised
 
 
@@ -63,7 +64,7 @@ class LlamaServer:
 
     def start(self, *, timeout: float = 120.0, on_wait: Callable[[float], None] | None = None) -> None:
         if self.config.slot_dir is not None:
-            self.config.slot_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.config.slot_dir)  # 0700; the server (umask 077) writes its files 0600
         self._proc = Supervised(
             name="llama-server", argv=self.config.argv(),
             health_url=f"{self.url}/health", log_path=self.log_path,

@@ -97,6 +97,13 @@ class Loader:
                                          epoch=seen.epoch, deadline=deadline, witnessed=self.view.witnessed())
         except GateFailed as failure:
             self.executor.erase_quietly(slot, deadline=deadline)
+            if failure.unknown_version is not None:  # the format's fault, not the file's: stand down at once
+                why = (f"a slot file of version {failure.unknown_version}, which this ocpc has not read, did not "
+                       f"restore on this server ({failure}); upgrade ocpc, or run a llama-server whose slot files it "
+                       "reads (`ocpc doctor`)")
+                self.count("gate_failed:unknown_version")
+                self.declare(seen.epoch, why)
+                raise StoodDown(f"standing down on this server: {why}")
             if prefix.kind != "head":
                 self.count(f"gate_failed:{prefix.kind}")
                 log.warning("%s %s failed its gates (%s); loading the head instead",
@@ -106,10 +113,10 @@ class Loader:
                                        park=None, project=project, server=server, deadline=deadline, base=base)
             self.count("gate_failed")
             self._condemned(plan, failure, server=server)
-            why = self.standdown.probe_failed(seen.epoch) if failure.probe else None
-            if why is not None:
-                self.declare(seen.epoch, why)
-                raise StoodDown(f"standing down on this server: {why}")
+            again = self.standdown.probe_failed(seen.epoch) if failure.probe else None
+            if again is not None:
+                self.declare(seen.epoch, again)
+                raise StoodDown(f"standing down on this server: {again}")
             done = self.executor.warm_head(plan, slot, server=server, epoch=seen.epoch, deadline=deadline,
                                            why=f"gate failed ({failure}); rebuilt")
             return Loaded(done, head, len(plan.tokens), slot_filename(plan.fingerprint), "head")

@@ -3,14 +3,18 @@
 Messages carry strings a client chose (a session id from ``metadata.user_id``, a conversation
 key, a model name, a path): a newline in one would start a forged line ("... ERROR ..."), so
 every message is escaped to one line (``OneLine``). A traceback, which is ours, stays as it is.
+The log files are 0600 in a 0700 folder (privacy.py): they hold session ids and paths.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
 import re
 from pathlib import Path
+
+from .files import private_dir, private_opener
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # C0 controls, DEL, C1 controls and the Unicode line and paragraph separators
@@ -36,13 +40,23 @@ class OneLine(logging.Formatter):
             record.msg, record.args = saved
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log whose every file (the first, and each after a rollover) is created 0600."""
+
+    def _open(self) -> io.TextIOWrapper:
+        stream = open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors,
+                      opener=private_opener)
+        assert isinstance(stream, io.TextIOWrapper)  # a text mode ("a")
+        return stream
+
+
 def setup_logging(path: Path, *, verbose: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     root = logging.getLogger("ocpc")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     handlers: list[logging.Handler] = [
         logging.StreamHandler(),
-        logging.handlers.RotatingFileHandler(path, maxBytes=5_000_000, backupCount=2),
+        PrivateRotatingFileHandler(path, maxBytes=5_000_000, backupCount=2),
     ]
     for handler in handlers:
         handler.setFormatter(OneLine(FORMAT))

@@ -149,7 +149,7 @@ class Parker:
         key = park_key(identity=identity, conversation=holding.conversation)
         entry = park_entry(model=server.model_path, build=server.build, identity=identity, head=holding.head,
                            session=trail.session, digests=trail.digests, text_chars=text.chars if text else 0,
-                           text_xxh64=text.text_xxh64 if text else "")
+                           text_xxh64=text.text_xxh64 if text else "", conversation=holding.conversation)
         try:
             if first is not None:
                 first(tokens)

@@ -22,8 +22,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import xxhash
-
+from .conversation import text_digest
 from .store import Entry, Index, chain_digest, prefix_digests
 
 
@@ -39,20 +38,21 @@ class Park:
 
 
 def park_key(*, identity: str, conversation: str) -> str:
-    return xxhash.xxh64_hexdigest(f"conv\x00{identity}\x00{conversation}".encode())
+    return text_digest(f"conv\x00{identity}\x00{conversation}")
 
 
 def project_key(*, identity: str, head: str, project_text: str) -> str:
-    return xxhash.xxh64_hexdigest(f"proj\x00{identity}\x00{head}\x00{project_text}".encode())
+    return text_digest(f"proj\x00{identity}\x00{head}\x00{project_text}")
 
 
 def park_entry(*, model: str, build: str, identity: str, head: str, session: str, digests: Sequence[str],
-               text_chars: int = 0, text_xxh64: str = "") -> Entry:
+               text_chars: int = 0, text_xxh64: str = "", conversation: str = "") -> Entry:
     """A park's index entry before its save fills in the file: O(1) in the conversation's length
     (its chain's length and digest, not a digest per message)."""
     return Entry(file="", bytes=0, prefix_tokens=0, created=0, last_used=0, model=model, server_build=build,
                  harness="", identity=identity, head=head, session=session, chain_n=len(digests),
-                 chain_xxh64=chain_digest(digests), text_chars=text_chars, text_xxh64=text_xxh64)
+                 chain_xxh64=chain_digest(digests), text_chars=text_chars, text_xxh64=text_xxh64,
+                 conversation=conversation)
 
 
 def find_park(index: Index, *, identity: str, session: str, digests: tuple[str, ...]) -> Park | None:

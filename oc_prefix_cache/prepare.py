@@ -33,7 +33,8 @@ from typing import Any
 from . import __version__
 from .ahead import AheadWriter, IdleSlots
 from .broker import SlotBroker
-from .conversation import Trail, chain_id, follow, parse
+from .capability import Capabilities, Capability, SelfTest
+from .conversation import ConversationKey, Trail, follow, parse
 from .deadline import Deadline
 from .decision import Action, FileState, RequestFacts, decide
 from .errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
@@ -42,10 +43,11 @@ from .executor import Executor
 from .fingerprint import ServerIdentity, server_key
 from .gc import AfterSaves
 from .harness.base import head_by_markers
-from .head import MAX_BODY_BYTES, Head, Skip, extends, from_parsed, harness_of, message_text
+from .head import MAX_BODY_BYTES, Head, Skip, continuing, extends, from_parsed, harness_of, message_text
 from .parking import Parker
 from .parks import Park, find_park, project_key
 from .planner import HeadPlan, HeadPlanner
+from .instances import Instances
 from .lifecycle import Lifecycle
 from .loading import Loaded, Loader
 from .occupant import Occupant, slot_facts
@@ -133,7 +135,11 @@ class Preparer:
         client.on_evaluate = self._own_prefill
         self.gc = AfterSaves(settings, schedule=schedule or _in_a_thread, flush=self.flush_usage)
         self.executor = Executor(client=client, tracker=self.tracker, store=store, slot_dir=settings.slot_dir,
-                                 on_saved=lambda: self.gc.saved())
+                                 on_saved=lambda: self.gc.saved(), known=settings.slot_versions)
+        # what each server binary and model can do with slot files, by a self-test at first contact
+        self.capabilities = Capabilities(settings.capabilities_path)
+        self.selftest = SelfTest(client=client, slot_dir=settings.slot_dir, known=settings.slot_versions)
+        self.capability: Capability | None = None  # this server's, once a prepare looked it up
         self.view = ServerView(client=client, tracker=self.tracker,
                                read_slot=lambda slot, deadline: self.executor.observe(slot, deadline=deadline),
                                binary=server_binary, runtime=runtime, learn=lambda cache: self.ram.learn(cache))
@@ -149,7 +155,8 @@ class Preparer:
         self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (ahead.py)
         # which slot each request takes on -np N: one broker for every front door on this Preparer
         self.broker = SlotBroker(server=self.server, tracker=self.tracker,
-                                 props=lambda deadline: client.props(deadline=deadline))
+                                 props=lambda deadline: client.props(deadline=deadline),
+                                 process_gone=self.view.process_gone, namer=self._name)
         # the server's own RAM prompt cache, the first tier under more conversations than slots (ramtier.py)
         self.ram = RamTier(server=self.server, client=client, tracker=self.tracker, argv=self.view.argv,
                            bytes_per_token=lambda: self.executor.costs.bytes_per_token, busy=self.broker.table.busy,
@@ -166,18 +173,24 @@ class Preparer:
                                  count=self._count, declare=self._declare, event=self._event)
         self.loader = Loader(executor=self.executor, ram=self.ram, disk=self.disk, parker=self.parker, view=self.view,
                              standdown=self.standdown, count=self._count, declare=self._declare)
+        # which conversation a request under a shared key goes on (instances.py)
+        self.instances = Instances(server=self.server, tracker=self.tracker, ram=self.ram, busy=self.broker.table.busy,
+                                   index=self.disk.index)
         self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (lifecycle.py)
 
     # -- public ------------------------------------------------------------------------
     def prepare(self, raw: bytes, headers: Mapping[str, str], *, slot: int | None = None,
                 deadline: Deadline | None = None, session: str | None = None,
-                head_of: HeadRule | None = None, harness: str | None = None) -> PrepareResult:
+                head_of: HeadRule | None = None, harness: str | None = None,
+                conversation: str | None = None) -> PrepareResult:
         """Make ``slot`` ready for the chat-completions body ``raw``; never raises.
 
         ``session``: the conversation's id when the caller knows it (a harness adapter),
         else the ``x-session-id`` header. ``head_of``: the harness's rule for the stable
         head (default: tools + first system text before the earliest configured marker).
         ``harness``: the front door's name for the agent (the event log's), else its User-Agent.
+        ``conversation``: the conversation's own name as the front door found it
+        (``conversation_of``), so the slot it chose and the prepare agree; else found here.
         """
         started = time.perf_counter()
         lower = {k.lower(): v for k, v in headers.items()}
@@ -188,7 +201,7 @@ class Preparer:
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
         self.lifecycle.claim(slot, 1)
         try:
-            result = self._prepare(raw, lower, slot, deadline, session, rule)
+            result = self._prepare(raw, lower, slot, deadline, session, rule, conversation)
         except BadRequestBody as exc:
             result = PrepareResult("skipped", reason=str(exc))
         except StoodDown as exc:  # learned part-way (the slot was erased after a failed gate)
@@ -214,6 +227,12 @@ class Preparer:
         self.records.label(result.prepare_id, harness or harness_of(lower.get("user-agent", "")))
         self._log(result)
         return result
+
+    def _name(self, key: ConversationKey, raw: bytes, continuing: bool, rewrites_history: bool,
+              in_flight: frozenset[str]) -> str:
+        """The broker's namer (under its lock): the conversation under a shared key (instances.py)."""
+        return self.instances.name(key, raw, continuing=continuing, rewrites_history=rewrites_history,
+                                   in_flight=in_flight)
 
     def report(self, *, fingerprint: str, cache_n: int, prompt_n: int, prepare_id: str = "",
                predicted_n: int | None = None, prompt_ms: float | None = None,
@@ -324,25 +343,26 @@ class Preparer:
                 "last_report": self.stats.last_report,
                 "tracker": self.tracker.snapshot().get(self.server, {}),
                 "stood_down": self.stood_down(),
+                "capability": self.capability.to_json() if self.capability else None,
                 "doing": {str(slot): dict(doing) for slot, doing in sorted(self._in_flight.items())},
             }
 
     # -- the flow ----------------------------------------------------------------------
     def _prepare(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
-                 head_of: HeadRule) -> PrepareResult:
+                 head_of: HeadRule, conversation: str | None) -> PrepareResult:
         """The full path: gather the request's facts (no lock), then, under the slot's lock,
         look at the slot, decide (decision.py, pure) and act (executor.py, parking.py)."""
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequestBody(f"body of {len(raw)} bytes is over the {MAX_BODY_BYTES}-byte limit")
         if self.client.ensure_loaded(deadline=deadline):  # behind a router: the request's model, loaded
             self._count("router_loaded")
-        hit = self._same_conversation(raw, session, slot, deadline)
+        hit = self._same_conversation(raw, session, slot, deadline, conversation)
         if hit is not None:
             return hit
         down = self._standing_down(slot, deadline)
         if down is not None:
             return down
-        facts = self._gather(raw, headers, slot, deadline, session, head_of)
+        facts = self._gather(raw, headers, slot, deadline, session, head_of, conversation)
         if isinstance(facts, PrepareResult):
             return facts
         plan = facts.plan
@@ -379,7 +399,7 @@ class Preparer:
                              tools_in_head=facts.plan.tools_in_head, prepare_id=prepare_id)
 
     def _gather(self, raw: bytes, headers: dict[str, str], slot: int, deadline: Deadline, session: str,
-                head_of: HeadRule) -> _Facts | PrepareResult:
+                head_of: HeadRule, conversation: str | None) -> _Facts | PrepareResult:
         """Everything about the request that needs no look at the slot: its head and plan (the
         server renders and tokenizes), its conversation, park and project head. A request with
         no head, or a server on which restores cannot serve, ends here with its answer."""
@@ -393,7 +413,10 @@ class Preparer:
         if isinstance(head, Skip):  # a title or summary: nothing to load, but what it displaces is parked
             return self._side(head.reason, slot, deadline)
         server = self.view.identity(deadline)
-        conversation = session or chain_id(parsed.digests)
+        going_on = continuing(body.messages, head)
+        if conversation is None:
+            key = ConversationKey.session(session) if session else ConversationKey.chain(parsed.digests)
+            conversation = self.instances.name(key, raw, continuing=going_on)
         if not server.model_files:
             raise OcpcError(
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
@@ -402,25 +425,23 @@ class Preparer:
         if server.cache.restores_serve:  # known from the model and the flags: stand down at once
             return self._stand_down(server.cache.restores_serve)
         identity = server_key(server, ocpc_version=__version__)
+        capability = self.capability = self.capabilities.get(identity)
+        if capability is not None and not capability.usable:  # this binary and model failed the self-test
+            return self._stand_down(f"{capability.reason}; {capability.advice()}")
         harness = harness_of(headers.get("user-agent", ""))
-        # a harness's fixed preamble (Aider's example exchange and repo map, through the head's
-        # project_tail when that is a whole message) holds assistant messages that are no turns
-        preamble = next((i + 1 for i, m in enumerate(body.messages)
-                         if head.project_tail and message_text(m) == head.project_tail), 0)
-        continuing = any(m.get("role") == "assistant" for m in body.messages[preamble:])
         system = message_text(body.messages[0]) if body.messages and head.project else None
-        if continuing:  # its park may be being written right now, by whoever took its slot
+        if going_on:  # its park may be being written right now, by whoever took its slot
             self.occupant.await_park(conversation, slot, deadline=deadline)
         index = self.disk.index()
         park = find_park(index, identity=identity, session=session, digests=parsed.digests) \
-            if continuing and index is not None else None
+            if going_on and index is not None else None
         plan = self.planner.plan(self.client, body.data, head, server=server, harness=harness, deadline=deadline,
                                  system_text=system, longer=self.disk.known_park(park))
         project = project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text) \
             if plan.project else None
         base = project_key(identity=identity, head=plan.fingerprint, project_text=plan.base_text) \
             if plan.base else None
-        return _Facts(server=server, identity=identity, conversation=conversation, continuing=continuing,
+        return _Facts(server=server, identity=identity, conversation=conversation, continuing=going_on,
                       trail=Trail.of(parsed, session=session), plan=plan, park=park, project=project,
                       project_file=self.disk.project_state(index, project), base=base,
                       base_file=self.disk.project_state(index, base))
@@ -457,6 +478,8 @@ class Preparer:
             seen = self.occupant.park(seen, slot, server=facts.server, identity=facts.identity, deadline=deadline)
             parked = (f"parked the slot's conversation first ({seen.holding.n_tokens if seen.holding else 0} "
                       f"tokens in {(time.perf_counter() - parking) * 1000:.0f} ms)")
+        if action.kind in ("restore", "warm") and not action.clear_first and self.capabilities.get(facts.identity) is None:
+            seen = self._self_test(facts, slot, seen, deadline=deadline)  # before any warm: can it be kept?
         tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(action.target, 0)
         with self._doing(slot, f"{action.kind} {action.target}", tokens):
             loaded = self.loader.carry_out(action, facts.plan, slot, seen, park=facts.park, project=facts.project,
@@ -474,8 +497,28 @@ class Preparer:
         self.tracker.leave(self.server, slot, holding, trail=facts.trail, epoch=seen.epoch)
         return loaded, holding, parked
 
-    def _same_conversation(self, raw: bytes, session: str, slot: int,
-                           deadline: Deadline) -> PrepareResult | None:
+    def _self_test(self, facts: _Facts, slot: int, seen: Seen, *, deadline: Deadline) -> Seen:
+        """At first contact with this server binary and model (capability.py): a few of the head's
+        tokens saved, read, restored and reused, in the slot about to be replaced anyway (its
+        occupant parked first). A build whose restore does not serve makes ocpc stand down before it
+        spends a warm; one that serves is used whatever its version number. Returns the slot now."""
+        with self._doing(slot, "self-test", 0):
+            capability = self.selftest.run(facts.plan.tokens, slot, key=facts.identity, build=facts.server.build,
+                                           model=facts.server.model_path, deadline=deadline)
+        self.tracker.forget(self.server, slot, "ocpc's self-test ran in it")
+        self.capabilities.put(capability)
+        self.capability = capability
+        self._count("selftest:" + ("usable" if capability.usable else "unusable"))
+        log.log(logging.INFO if capability.usable else logging.WARNING, "self-test on %s (%s): %s (%.0f ms)",
+                self.server, facts.server.build, capability.reason, capability.measured_ms)
+        if not capability.usable:
+            why = f"{capability.reason}; {capability.advice()}"
+            self._declare(seen.epoch, why)
+            raise StoodDown(f"standing down on this server: {why}")
+        return self.view.observe(slot, deadline=deadline)
+
+    def _same_conversation(self, raw: bytes, session: str, slot: int, deadline: Deadline,
+                           conversation: str | None) -> PrepareResult | None:
         """The hit path: the slot's conversation gone on, and the slot still holds it.
 
         String compares against the conversation's last body, then one ``GET /slots``: a
@@ -487,11 +530,16 @@ class Preparer:
         trail = follow(seen_trail, raw)
         if trail is None:
             return None
+        went_on = len(trail.digests) > len(seen_trail.digests)
         trail = replace(trail, session=session)
         seen = self.view.observe(slot, deadline=deadline)
         holding = seen.holding
-        conversation = session or chain_id(trail.digests)
-        if seen.restarted or holding is None or holding.conversation != conversation:
+        if seen.restarted or holding is None:
+            return None
+        # without a name from the front door: the session id, else the slot's conversation when the
+        # request adds messages to its body (an equal body may be another session that began alike)
+        conversation = conversation or session or (holding.conversation if went_on else None)
+        if conversation is None or holding.conversation != conversation:
             return None
         self.tracker.leave(self.server, slot, holding, trail=trail, epoch=seen.epoch)
         self.usage.note(holding.head)  # the head under the conversation must not age out

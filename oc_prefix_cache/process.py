@@ -3,6 +3,8 @@
 The child gets its own process group, so stopping it also stops anything it spawned:
 SIGTERM to the group, SIGKILL after a grace period. Start-up polls a health URL and
 fails fast, with the tail of the child's log, if the child exits instead of getting ready.
+The child runs under umask 077 (privacy.py): what it writes, such as llama-server's slot
+files, is the user's alone; its log is 0600.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from pathlib import Path
 
 import httpx
 
+from . import loopback
 from .errors import ProcessError
+from .files import private_dir, private_opener
 
 PR_SET_PDEATHSIG = 1
 MAX_PID = 1 << 22  # Linux pid_max's ceiling: a larger number (say, in a file name) is no live process
+PRIVATE_UMASK = 0o077  # a child's files: 0600, its folders 0700 (a slot file decodes to the whole prompt)
 
 
 class State(enum.Enum):
@@ -42,6 +47,7 @@ class Supervised:
     log_path: Path
     env: dict[str, str] | None = None
     die_with_parent: bool = False  # Linux: SIGTERM the child if this process is killed outright
+    umask: int = PRIVATE_UMASK  # the child's umask (-1: this process's)
     state: State = State.STOPPED
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -54,13 +60,13 @@ class Supervised:
     ) -> None:
         if self.state is not State.STOPPED:
             raise ProcessError(f"{self.name} is {self.state.value}, not stopped")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_path.parent)
         self.state = State.STARTING
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab", opener=private_opener) as log:
             try:
                 self.proc = subprocess.Popen(
                     list(self.argv), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
+                    stdin=subprocess.DEVNULL, start_new_session=True, env=self.env, umask=self.umask,
                     preexec_fn=_term_with_parent if self.die_with_parent else None,
                 )
             except OSError as exc:
@@ -76,7 +82,7 @@ class Supervised:
     def _wait_healthy(self, timeout: float, on_wait: Callable[[float], None] | None) -> None:
         assert self.proc is not None
         started = time.monotonic()
-        with httpx.Client(timeout=2.0) as client:
+        with loopback.client(timeout=2.0) as client:  # never through a proxy from the environment
             while True:
                 code = self.proc.poll()
                 if code is not None:
@@ -189,11 +195,37 @@ def exit_words(code: int) -> str:
     return f"exited with code {code}"
 
 
+#: How a llama.cpp CPU build dies on start when its repacked weights crash: the same model and
+#: flags give a different signal on different CPUs, so the advice names the flag for each.
+#: SIGSEGV: the repacked Q4_K/Q4_0 kernels (ggml-cpu/repack.cpp: AVX2 on x86, NEON on ARM) crash
+#: right after "llama threadpool init" (b11434 on the test machines this was first seen on;
+#: llama.cpp issues #16479, #19561; an AVX-512 AMD EPYC without AMX loads it). SIGILL: on a
+#: CPU with AMX (amx_tile in /proc/cpuinfo) a native build also compiles ggml-cpu/amx/, whose
+#: buffer type takes Q4_K/Q4_0 weights before the repack one does (ggml-cpu.cpp's extra buffer
+#: types), and AMX/AVX-512 code dies with SIGILL wherever the CPU advertises an instruction set
+#: the OS or hypervisor does not let the process use (issue #28756: SIGILL with AMX_INT8 on;
+#: #28328 and PR #20388: llama.cpp reads CPUID, not XCR0). --no-repack turns off every extra
+#: buffer type, AMX included (llama-model.cpp, make_cpu_buft_list), so it is the fix for both.
+REPACK_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGILL)
+
+
 def start_advice(code: int, argv: Sequence[str]) -> str:
     """What to try when llama-server dies on start, from what is known to cause it."""
-    if code == -signal.SIGSEGV and "--no-repack" not in argv and "-nr" not in argv:
+    repack_off = "--no-repack" in argv or "-nr" in argv
+    if code == -signal.SIGILL:
+        other_build = ("a build made for another CPU (GGML_NATIVE: -march=native) dies like this too: "
+                       "rebuild it on this machine (the rig keys its build by this CPU, `ocpc rig info`)")
+        if repack_off:
+            return f"; an illegal instruction: {other_build}"
+        return ("; an illegal instruction: on CPUs with AMX (amx_tile) the repacked (AMX) Q4_K/Q4_0 weight "
+                "kernels of llama.cpp CPU builds die like this while loading: try again with --no-repack (after `--`); "
+                f"{other_build}")
+    if code == -signal.SIGSEGV and not repack_off:
         return ("; on some CPUs the repacked Q4_K/Q4_0 kernels of llama.cpp CPU builds crash right after "
                 "\"llama threadpool init\": try again with --no-repack (after `--`)")
+    if code == -signal.SIGBUS:
+        return ("; the model file is memory-mapped, and a file shortened or replaced while the server reads it "
+                "raises SIGBUS: check the file (its size, its sha256), or try --no-mmap (after `--`)")
     if code == -signal.SIGKILL:
         return "; the kernel may have killed it for memory: try a smaller -c (context) or model"
     return ""

@@ -43,15 +43,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .broker import Ask, SlotBroker, Taken, head_key, returning
-from .conversation import chain_of
+from .broker import Ask, Claim, SlotBroker, head_key, returning
 from . import responses
 from .anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
+from .conversation import ConversationKey
 from .deadline import Deadline
 from .errors import OcpcError
 from .harness import (Adapter, AiderAdapter, ClaudeCodeAdapter, ClineAdapter, CodexAdapter, GenericAdapter, Incoming,
                       KiloCodeAdapter, OpenCodeAdapter, OpenHandsAdapter, PiAdapter, QwenCodeAdapter, select)
-from .head import MAX_BODY_BYTES, Head, Skip
+from .head import MAX_BODY_BYTES, Head, Skip, continuing
 from .prepare import Preparer, PrepareResult
 from .relay import (
     HOP_BY_HOP,
@@ -70,7 +70,8 @@ from .relay import (
     translated_whole,
     upstream_headers,
 )
-from .settings import ADAPTER_NAMES, LOOPBACK_HOSTS, Settings
+from .guard import PROXY_ROUTES, Guard, Route, route_of
+from .settings import ADAPTER_NAMES, Settings
 from .tracker import SlotTracker
 from .upstream import Answer, Upstream, UpstreamError, UpstreamStale
 
@@ -105,11 +106,11 @@ class Plan:
     translate: bool = False  # an Anthropic request sent as a chat completion
     stream: bool = False
     slot: int | None = None
-    taken: Taken | None = None  # the slot taken (held from the prepare to the answer's end)
     result: PrepareResult | None = None
     why_not: str = ""  # why there was no prepare ("" when there was one)
     adapter: str = ""
     rule: str = ""  # the affinity rule that chose the slot
+    conversation: str = ""  # the conversation's own name (instances.py; "" for a request with none)
     ready_ms: float = 0.0  # from the request's arrival to its forward (parse, slot, prepare)
     # the answer's last bytes as relayed so far (a 200): what the reuse is learned from, also
     # when the client leaves the moment it has the final event (Codex does, after a restart)
@@ -131,7 +132,9 @@ class _Request:
     changes: bool
     stream: bool
     session: str | None
-    conversation: str  # "" for a request with no head worth caching (a title): it keeps no slot
+    conversation: str  # "" for a request with no head worth caching (a title), or one the broker names
+    key: ConversationKey | None  # a shared key, named by the broker as it takes the slot
+    continuing: bool  # it carries earlier turns of its own (for naming under a shared key)
     n_slots: int
     slot: int | None  # the client's own id_slot
     head_key: str  # the head's cheap key ("" when not cut)
@@ -186,19 +189,41 @@ class Proxy:
             return
         if scope["type"] != "http":
             return
-        api = API_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
         headers = headers_of(scope)
         self.counters.add("requests")
+        kind = route_of(PROXY_ROUTES, scope["method"], scope["path"])
+        refusal = self.guard.judge(kind, headers)
         try:
-            if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
-                await self._status(headers, send)
-            elif api is None:
+            if refusal is not None:
+                self.counters.add(f"refused:{kind.value}")
+                await self._json_answer(send, refusal.status, {"error": refusal.reason})
+            elif kind is Route.OWN:
+                await self._own(scope, send)
+            elif kind is Route.API and scope["method"] == "POST" and scope["path"] in API_PATHS:
+                await self._api(scope, receive, send, api=API_PATHS[scope["path"]], headers=headers)
+            else:
                 self.counters.add("passed_through")
                 await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=None)
-            else:
-                await self._api(scope, receive, send, api=api, headers=headers)
         except ClientGone:
             self.counters.add("client_disconnected")
+
+    @property
+    def guard(self) -> Guard:
+        """This door's guard (guard.py): its own origins are known once its server is bound."""
+        return Guard(own_origins=self.own_origins)
+
+    async def _own(self, scope: Scope, send: Send) -> None:
+        """ocpc's own routes (the guard let the request through)."""
+        if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
+            await self._json_answer(send, 200, self.status())
+        else:
+            await self._json_answer(send, 404, {"error": f"no such ocpc route: {scope['method']} {scope['path']}"})
+
+    async def _json_answer(self, send: Send, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        await self._send_within(send, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await self._send_within(send, _body(body, more=False))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -231,6 +256,10 @@ class Proxy:
     # -- chat requests -------------------------------------------------------------------
     async def _api(self, scope: Scope, receive: Receive, send: Send, *, api: str, headers: dict[str, str]) -> None:
         arrived = time.perf_counter()
+        # one deadline for the whole request, counted from its arrival: the wait for a planning
+        # worker, the wait for a slot and the prepare all draw from it (more requests waiting than
+        # workers once got their whole bound again on top of their time in the queue)
+        deadline = Deadline.after(self.bounds.prepare_s)
         raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
         if not complete:  # too big to prepare: forwarded as it is (normalised when it can be), never a 413
             self.counters.add("not_prepared:oversized")
@@ -241,71 +270,67 @@ class Proxy:
                     else rest(raw, receive))  # a parse of up to 64 MiB: off the event loop
             await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=body)
             return
-        refusal = self._refusal(headers)
+        refusal = self.guard.foreign(headers)  # a web page's request goes on, never prepared
         if refusal:
             self.counters.add(f"not_prepared:{refusal}")
             await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=raw)
             return
+        # What this request takes (a slot, its hold) is given back in the ``finally`` below, which
+        # spans the whole request: from the take to the last byte sent, or to the error.
+        claim = Claim(self.broker)
         gone = threading.Event()
-        planning = self._pool.submit(self._plan, api, headers, raw, path_of(scope), gone)
-        watch = asyncio.ensure_future(_until_disconnect(receive, gone))
-        try:
-            plan = await asyncio.wrap_future(planning)
-        except asyncio.CancelledError:  # shutting down mid-prepare: the slot it takes is given back
-            planning.add_done_callback(self._abandoned)
-            raise
-        except Exception as exc:  # a bug of ours: the request goes on unchanged
-            log.exception("planning a request failed; forwarding it unchanged")
-            self.counters.add("fail_open:internal")
-            plan = Plan(path=path_of(scope), body=self._unprepared(api, headers, raw), why_not=f"internal error: {exc}")
-        finally:
-            watch.cancel()
-        plan.ready_ms = (time.perf_counter() - arrived) * 1000
+        planning = self._pool.submit(self._plan, api, headers, raw, path_of(scope), gone, claim, deadline)
+        plan: Plan | None = None
         learned: Learned | None = None
         try:
+            watch = asyncio.ensure_future(_until_disconnect(receive, gone))
+            try:
+                plan = await asyncio.wrap_future(planning)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug of ours: the request goes on unchanged
+                log.exception("planning a request failed; forwarding it unchanged")
+                self.counters.add("fail_open:internal")
+                plan = Plan(path=path_of(scope), body=self._unprepared(api, headers, raw),
+                            why_not=f"internal error: {exc}")
+            finally:
+                watch.cancel()
+            plan.ready_ms = (time.perf_counter() - arrived) * 1000
             if gone.is_set():  # left while it waited: nothing to forward, nobody to answer
                 self.counters.add("client_disconnected")
                 return
             learned = await self._forward(scope, receive, send, headers=headers, plan=plan)
-        finally:  # shielded: the slot is released even when this request is cancelled
-            await asyncio.shield(asyncio.wrap_future(self._releases.submit(self._finish, plan, learned)))
+        finally:
+            if planning.done():  # shielded: the slot is given back even when this request is cancelled
+                await asyncio.shield(asyncio.wrap_future(self._releases.submit(self._finish, plan, learned, claim)))
+            else:  # shutting down mid-prepare: nothing more is done for it, and the slot goes back once
+                gone.set()  # the planning worker lets go of it (release is thread-safe and idempotent)
+                planning.add_done_callback(lambda _: claim.release())
 
-    def _abandoned(self, planning: Future[Plan]) -> None:
-        if not planning.cancelled() and planning.exception() is None:
-            self._finish(planning.result(), None)
-
-    def _refusal(self, headers: dict[str, str]) -> str:
-        """Requests a web page could send are forwarded, never prepared: a page must not make ocpc
-        prefill, save or evict heads. The proxy's own origin (the server's web UI opened through
-        the proxy) is not foreign."""
-        origin = headers.get("origin")
-        if origin is not None and origin.rstrip("/") not in self.own_origins:
-            return "foreign_origin"
-        host = (headers.get("host") or "").rsplit(":", 1)[0].strip("[]")
-        return "" if host in LOOPBACK_HOSTS else "foreign_host"
-
-    def _plan(self, api: str, headers: dict[str, str], raw: bytes, path: str, gone: threading.Event) -> Plan:
+    def _plan(self, api: str, headers: dict[str, str], raw: bytes, path: str, gone: threading.Event, claim: Claim,
+              deadline: Deadline) -> Plan:
         """In a worker thread: parse, take a slot, prepare it. ``gone``: set when the client left
-        (then nothing is prepared, parked or evicted for it)."""
+        (then nothing is prepared, parked or evicted for it). What it takes goes into ``claim``,
+        which the request gives back whatever happens here."""
         request = self._parse(api, headers, raw, path)
         if isinstance(request, Plan):
             return request
-        deadline = Deadline.after(self.bounds.prepare_s)
-        plan = self._take_slot(request, deadline=deadline, gone=gone)
-        if plan.taken is not None and gone.is_set():
+        taken = claim.take(self._ask(request), deadline=deadline, gone=gone)
+        plan = self._upstream_plan(request, taken.slot)
+        plan.rule, plan.conversation = taken.rule, taken.conversation
+        if taken.why_not and not gone.is_set():
+            self.counters.add("fail_open:slot_busy")
+            plan.why_not = taken.why_not
+        if gone.is_set():
             self.counters.add("client_gone_before_prepare")
             plan.why_not = "the client went away while its request waited for a slot"
             return plan
-        if plan.taken is None or plan.taken.hold is None:
+        if taken.hold is None:
             return plan
-        try:
-            with plan.taken.hold.inside():
-                plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
-                                                    harness=request.adapter.name,
-                                                    session=request.session, head_of=request.adapter.head)
-        except BaseException:
-            self._finish(plan, None)  # prepare never raises; if it ever does, the slot is not left held
-            raise
+        with taken.hold.inside():
+            plan.result = self.preparer.prepare(request.chat_raw, headers, slot=plan.slot, deadline=deadline,
+                                                harness=request.adapter.name, session=request.session or "",
+                                                head_of=request.adapter.head, conversation=taken.conversation)
         self.counters.add(f"prepare:{plan.result.action}")
         if plan.result.action == "failed":
             self.counters.add("fail_open:prepare_failed")
@@ -335,6 +360,8 @@ class Proxy:
             # serialised before a slot is taken: a body that cannot be (a lone surrogate) takes none
             sent_raw = dump(body) if changes else raw
             chat_raw = dump(chat) if api in ("anthropic", "responses") else sent_raw
+            if "id_slot" in body and not changes:
+                dump(body)  # re-serialised with its slot once one is chosen: it must be able to be
         except (TranslationError, ValueError) as exc:  # the server translates it itself, normalised
             self.counters.add("not_prepared:untranslatable")
             forwarded = self._unprepared(api, headers, raw) if api == "anthropic" else raw
@@ -353,12 +380,16 @@ class Proxy:
                 return Plan(path="/v1/chat/completions", body=upstream_bytes(chat_raw, id_slot=None),
                             translate=True, stream=stream, why_not=f"standing down: {down}")
             return Plan(path=path, body=raw, stream=stream, why_not=f"standing down: {down}")
-        session = adapter.session(incoming)
+        key = adapter.key(incoming, chat)
         head = adapter.head(chat)
         side = isinstance(head, Skip)  # a title or summary: no conversation to keep a slot for
+        # a shared key is named by the broker as it takes the slot (instances.py): its turns so far
+        shared = not side and key.shared
         return _Request(api=api, path=path, adapter=adapter, body=body, chat=chat, chat_raw=chat_raw, sent_raw=sent_raw,
-                        changes=bool(changes), stream=stream, session=session, n_slots=n_slots,
-                        conversation="" if side else (session or chain_of(chat_raw)),
+                        changes=bool(changes), stream=stream, session=None if key.shared else key.name,
+                        n_slots=n_slots, conversation="" if side or key.shared else key.name,
+                        key=key if shared else None,
+                        continuing=shared and isinstance(head, Head) and continuing(chat["messages"], head),
                         slot=asked if client_slot else None,
                         head_key=head_key(head) if isinstance(head, Head) else "")
 
@@ -388,19 +419,12 @@ class Proxy:
             log.exception("normalising a request that goes unprepared failed; forwarding it unchanged")
             return raw
 
-    def _take_slot(self, request: _Request, *, deadline: Deadline, gone: threading.Event) -> Plan:
-        """The slot (``broker.py``: chosen, waited for in line, held), then the upstream body
-        pinned to it."""
-        taken = self.broker.take(Ask(conversation=request.conversation, head_key=request.head_key,
-                                     n_slots=request.n_slots, client_slot=request.slot,
-                                     default_slot=self.settings.slot, returning=returning(request.chat)),
-                                 deadline=deadline, gone=gone)
-        plan = self._upstream_plan(request, taken.slot)
-        plan.rule, plan.taken = taken.rule, taken
-        if taken.why_not and not gone.is_set():
-            self.counters.add("fail_open:slot_busy")
-            plan.why_not = taken.why_not
-        return plan
+    def _ask(self, request: _Request) -> Ask:
+        key = request.key
+        return Ask(conversation=request.conversation, head_key=request.head_key, n_slots=request.n_slots,
+                   client_slot=request.slot, default_slot=self.settings.slot, returning=returning(request.chat),
+                   key=key, raw=request.chat_raw if key else b"", continuing=request.continuing,
+                   rewrites_history=key.rewrites_history if key else False)
 
     def _upstream_plan(self, request: _Request, slot: int) -> Plan:
         """What goes upstream on ``slot``: pinned to it when the server has several."""
@@ -417,15 +441,29 @@ class Proxy:
         plan.adapter = request.adapter.name
         return plan
 
-    def _finish(self, plan: Plan, learned: Learned | None) -> None:
-        """In a worker thread, after the answer: report what it reused, then free the slot."""
+    def _finish(self, plan: Plan | None, learned: Learned | None, claim: Claim) -> None:
+        """In a worker thread, after the answer (or the error): report what it reused, then give
+        back what the request took. The give-back cannot be skipped: it is this method's
+        ``finally``, and this method runs in the request's own ``finally``."""
+        try:
+            if plan is not None:
+                self._remember(plan, learned)
+                self._report(plan, learned)
+        finally:
+            claim.release()
+
+    def _remember(self, plan: Plan, learned: Learned | None) -> None:
         result = plan.result
         with self._recent_guard:
             self._recent.append({
                 "at": time.time(), "path": plan.path, "adapter": plan.adapter, "slot": plan.slot, "rule": plan.rule,
+                "conversation": plan.conversation,
                 "action": result.action if result else None, "prefix_tokens": result.prefix_tokens if result else None,
                 "reason": (result.reason if result else plan.why_not)[:200], "ready_ms": round(plan.ready_ms, 3),
                 "cache_n": learned.cache_n if learned else None, "prompt_n": learned.prompt_n if learned else None})
+
+    def _report(self, plan: Plan, learned: Learned | None) -> None:
+        result = plan.result
         try:
             if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
                 verdict = self.preparer.report(fingerprint=result.fingerprint or "", cache_n=learned.cache_n,
@@ -438,9 +476,6 @@ class Proxy:
         except Exception:
             log.exception("reporting a request's reuse failed")
             self.counters.add("fail_open:report")
-        finally:
-            if plan.taken is not None:
-                self.broker.give_back(plan.taken)
 
     # -- forwarding ----------------------------------------------------------------------
     async def _forward(self, scope: Scope, receive: Receive, send: Send, *, headers: dict[str, str],
@@ -506,7 +541,8 @@ class Proxy:
         if translate:
             kind = b"text/event-stream" if plan and plan.stream else b"application/json; charset=utf-8"
             out_headers.append((b"content-type", kind))
-        await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
+        await self._send_within(send, {"type": "http.response.start", "status": response.status_code,
+                                       "headers": out_headers})
         translator = StreamTranslator() if translate and plan and plan.stream else None
         whole = translate and not (plan and plan.stream)
         tail = plan.tail if plan is not None else bytearray()
@@ -523,7 +559,7 @@ class Proxy:
                 self.counters.add("upstream_failed:mid_answer")
                 log.warning("upstream answer broke off (%s: %s)", type(exc).__name__, exc)
                 if translator is not None:
-                    await send({"type": "http.response.body", "body": translator.close(), "more_body": True})
+                    await self._send_within(send, _body(translator.close(), more=True))
                 break
             if plan is not None:
                 tail += chunk
@@ -535,23 +571,25 @@ class Proxy:
                 chunk = translator.feed(chunk)
                 if not chunk:
                     continue
-            await self._send_within(send, chunk)
+            await self._send_within(send, _body(chunk, more=True))
             await asyncio.sleep(0)  # let a lost connection be noticed before the next write
         last = b""
         if translator is not None:
             last = translator.close()
         elif whole:
             last = translated_whole(bytes(tail))
-        await send({"type": "http.response.body", "body": last, "more_body": False})
+        await self._send_within(send, _body(last, more=False))
         return learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
 
-    async def _send_within(self, send: Send, chunk: bytes) -> None:
-        """One chunk to the client, bounded: uvicorn's ``send`` waits while the client's socket is
+    async def _send_within(self, send: Send, message: dict[str, Any]) -> None:
+        """One message to the client, bounded: uvicorn's ``send`` waits while the client's socket is
         full, and a client that stopped reading would hold its slot (and every request routed
-        there) for ever. Past the bound the answer is cut and the upstream request cancelled."""
+        there) for ever. Every send of an answer goes through here, the first and the last
+        included (an unbounded last send once let a client that stalled just then keep its slot).
+        Past the bound the answer is cut and the upstream request cancelled."""
         try:
             async with asyncio.timeout(self.bounds.client_stall_s):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send(message)
         except TimeoutError:
             self.counters.add("client_stalled")
             log.warning("the client read nothing for %g s; its answer is cut and its slot freed",
@@ -568,17 +606,9 @@ class Proxy:
         log.warning("%s", what)
         body = json.dumps({"error": {"code": status, "type": "proxy_error", "message":
                                      f"ocpc proxy: {what}; is it running? (`ocpc status`)"}}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _status(self, headers: dict[str, str], send: Send) -> None:
-        refused = headers.get("origin") is not None or self._refusal(headers)
-        payload = {"error": "not for web pages"} if refused else self.status()
-        body = json.dumps(payload).encode()
-        await send({"type": "http.response.start", "status": 403 if refused else 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._send_within(send, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await self._send_within(send, _body(body, more=False))
 
     def _http(self) -> Upstream:
         if self._client is None:
@@ -597,6 +627,10 @@ async def _until_disconnect(receive: Receive, gone: threading.Event) -> None:
         if message["type"] == "http.disconnect":
             gone.set()
             return
+
+
+def _body(chunk: bytes, *, more: bool) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": chunk, "more_body": more}
 
 
 def _with_slot(raw: bytes, slot: int | None) -> bytes:

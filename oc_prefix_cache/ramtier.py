@@ -182,6 +182,12 @@ class RamTier:
                 self._kept[holding.conversation] = (epoch, holding, trail)
             self._kept = {c: kept for c, kept in self._kept.items() if c in held and kept[0] == epoch}
 
+    def kept(self, *, epoch: int) -> list[tuple[str, Trail]]:
+        """The conversations ocpc saw go to the server's RAM cache on this server process, with
+        their last bodies (``instances.py`` tells a returning conversation by them)."""
+        with self._guard:
+            return [(c, t) for c, (e, _, t) in self._kept.items() if e == epoch]
+
     def parkable(self, *, epoch: int, min_tokens: int) -> list[tuple[Holding, Trail]]:
         """The conversations that live only in the server's RAM cache (not in a slot), newest
         first, with at least ``min_tokens`` in no file yet: what a graceful stop would lose."""

@@ -45,7 +45,8 @@ GEMMA3 = RealModel(
     file="gemma-3-270m-q4_k_m.gguf",
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     parts=tuple(_gemma_part(i) for i in range(1, 5)),
-    # b11434's repacked Q4_K CPU kernels die with SIGSEGV right after "llama threadpool init"
+    # b11434's repacked Q4_K CPU kernels die right after "llama threadpool init" on some CPUs:
+    # SIGSEGV, or SIGILL where AMX takes them (process.REPACK_CRASH_SIGNALS)
     server_args=("--no-repack",),
 )
 REAL_MODELS = {GEMMA3.name: GEMMA3}

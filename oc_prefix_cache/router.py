@@ -38,8 +38,10 @@ from typing import Any
 
 import httpx
 
+from . import loopback
 from .deadline import Deadline
 from .errors import OcpcError
+from .guard import PROXY_ROUTES, Guard, Route, route_of
 from .head import MAX_BODY_BYTES
 from .prepare import Preparer
 from .proxy import API_PATHS, Proxy
@@ -56,7 +58,7 @@ WARM_ON_LOAD_S = 300.0  # a warm start after a load gives up after this long
 def is_router(url: str, *, timeout: float = 2.0) -> bool:
     """Whether ``url`` is a llama-server router (its own ``/props`` says ``role: router``)."""
     try:
-        data = httpx.get(f"{url.rstrip('/')}/props", timeout=httpx.Timeout(timeout, connect=0.5)).json()
+        data = loopback.get(f"{url.rstrip('/')}/props", timeout=httpx.Timeout(timeout, connect=0.5)).json()
     except (httpx.HTTPError, ValueError):
         return False
     return isinstance(data, dict) and data.get("role") == "router"
@@ -88,7 +90,7 @@ def read_models(url: str, *, timeout: float = 2.0) -> list[dict[str, Any]] | Non
     """The router's ``GET /models`` entries (answered by the router itself: loads nothing), or
     None when it cannot be read."""
     try:
-        data = httpx.get(f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5)).json()
+        data = loopback.get(f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5)).json()
     except (httpx.HTTPError, ValueError) as exc:
         log.debug("cannot read the router's models (%s)", exc)  # the load watch asks every second
         return None
@@ -326,13 +328,21 @@ class RouterProxy:
             return
         if scope["type"] != "http":
             return
-        if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
-            await self._status(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        kind = route_of(PROXY_ROUTES, scope["method"], scope["path"])
+        refusal = Guard(own_origins=self._origins).judge(kind, headers)  # the same guard as each model's proxy
+        if refusal is not None:
+            await _json_answer(send, refusal.status, {"error": refusal.reason})
+            return
+        if kind is Route.OWN:
+            if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
+                await self._status(scope, receive, send)
+            else:
+                await _json_answer(send, 404, {"error": f"no such ocpc route: {scope['method']} {scope['path']}"})
             return
         if scope["method"] != "POST" or scope["path"] not in API_PATHS:
             await self.proxy_for(None)(scope, receive, send)  # passed through as it is
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
             raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
         except ClientGone:
@@ -362,15 +372,19 @@ class RouterProxy:
         """Each model's proxy status, under its id (``GET /ocpc/status``)."""
         with self._guard:
             items = list(self._proxies.items())
-        body = json.dumps({"router": self.server, "models": {
-            model or "": proxy.status() for model, proxy in items}, "loaded": self.loads.status()}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await _json_answer(send, 200, {"router": self.server, "models": {
+            model or "": proxy.status() for model, proxy in items}, "loaded": self.loads.status()})
 
     def close(self) -> None:
         for proxy in self._all():
             proxy.close()
+
+
+async def _json_answer(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _replay(raw: bytes, complete: bool, receive: Receive) -> Receive:

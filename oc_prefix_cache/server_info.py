@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import xxhash
 
+from . import loopback
 from .deadline import Deadline
 from .errors import OcpcError, ServerTimeout
 from .fingerprint import (
@@ -511,7 +512,7 @@ def _parent(pid: int) -> int | None:
 def _answers_health(url: str) -> bool:
     """Whether ``url`` answers like llama-server's /health (ok, or 503 while loading)."""
     try:
-        response = httpx.get(f"{url}/health", timeout=httpx.Timeout(0.5, connect=0.3))
+        response = loopback.get(f"{url}/health", timeout=httpx.Timeout(0.5, connect=0.3))
         data = response.json()
     except (httpx.HTTPError, ValueError):
         return False
@@ -521,7 +522,7 @@ def _answers_health(url: str) -> bool:
 def daemon_server_url(settings: Settings, *, timeout: float = 2.0) -> str | None:
     """The llama-server URL the daemon on OC_PREFIX_CACHE_DAEMON_PORT says it serves."""
     try:
-        data = httpx.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(timeout, connect=0.5)).json()
+        data = loopback.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(timeout, connect=0.5)).json()
     except (httpx.HTTPError, ValueError):
         return None
     url = (data.get("server") or {}).get("url") if isinstance(data, dict) else None

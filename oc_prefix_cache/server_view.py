@@ -11,6 +11,7 @@ the old one's for a moment.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,17 +51,40 @@ class ServerView:
                                     process_gone=gone, process_alive=process is not None and not gone,
                                     witness=process)
 
+    def process_gone(self) -> bool:
+        """Whether the server process ocpc knew has ended (False when none is known)."""
+        process = self.tracker.process(self.server)
+        return process is not None and process_start(process[0]) != process[1]
+
     def witnessed(self) -> bool:
         """Whether ocpc watches the server's process (so a restore needs no task after it)."""
         process = self.tracker.process(self.server)
         return process is not None and process_start(process[0]) == process[1]
 
     def identity(self, deadline: Deadline) -> ServerIdentity:
-        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process)."""
-        server = gather_identity(self.client, binary=self._binary, argv=self.argv(), deadline=deadline,
-                                 lora=self.lora, epoch=self.tracker.epoch(self.server))
+        """What identifies this server now (server_info.gather_identity; LoRA answers kept per process).
+        The binary is the one ``ocpc launch`` started, else the running process's own (``/proc``): a
+        build from an sdist or from source says ``b0-unknown`` whatever its version, so its file is
+        what tells two builds apart (its files, its self-test: capability.py)."""
+        argv = self.argv()
+        server = gather_identity(self.client, binary=self._binary or self._process_binary(), argv=argv,
+                                 deadline=deadline, lora=self.lora, epoch=self.tracker.epoch(self.server))
         self._learn(server.cache)
         return server
+
+    def _process_binary(self) -> Path | None:
+        """The server process's executable (None when ocpc cannot see its process: another machine,
+        another user's process)."""
+        process = self.tracker.process(self.server)
+        if process is not None and process_start(process[0]) != process[1]:  # restarted, not yet noticed
+            found = server_command(self.server, runtime=self._runtime)
+            process = found[1] if found is not None else None
+        if process is None:
+            return None
+        try:
+            return Path(os.readlink(f"/proc/{process[0]}/exe"))
+        except OSError:
+            return None
 
     def argv(self) -> list[str] | None:
         """The server's command line (for its KV-relevant flags) and its process (the restart

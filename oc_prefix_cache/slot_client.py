@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from . import loopback
 from .deadline import Deadline
 from .errors import (
     ServerError,
@@ -83,7 +84,7 @@ class SlotClient:
         # what ocpc's state is keyed by: the server, or the router and one of its models
         self.server_id = self.base_url if model is None else f"{self.base_url}#model={model}"
         self.timeouts = timeouts or Timeouts()
-        self._http = httpx.Client(base_url=self.base_url, transport=transport)
+        self._http = loopback.client(self.base_url, transport=transport)  # never through a proxy
         parts = urlsplit(self.base_url)
         # The hit path's one call, GET /slots, over a kept-alive http.client connection per
         # thread: 0.19 ms p50 against httpx's 0.45 ms (measured on loopback). Plain http only,
@@ -370,12 +371,8 @@ class SlotClient:
     def _call(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> httpx.Response:
         url = f"{self.base_url}{path}"
         path, kwargs = self._routed(method, path, kwargs)
-        try:
+        with loopback.map_errors(url, timeout=timeout):
             response = self._send(method, path, timeout=self._t(timeout), **kwargs)
-        except httpx.TimeoutException as exc:
-            raise ServerTimeout(f"{url} did not answer within {timeout:g} s") from exc
-        except httpx.HTTPError as exc:
-            raise ServerUnreachable(f"cannot reach llama-server at {url}: {exc}") from exc
         if response.status_code == 501 and path.startswith("/slots/"):
             raise SlotSaveDisabled(
                 f"llama-server at {self.base_url} has no --slot-save-path; "

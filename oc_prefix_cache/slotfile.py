@@ -1,12 +1,26 @@
 """Read the header of a llama.cpp slot file without the server.
 
-Layout (``llama_context::state_seq_save_file``, state version 4): u32 magic ``ggsq``,
-u32 version, u32 count, ``count`` i32 values, then the sequence state. llama-server
-packs its prompt into those values (``server_tokens::serialize``): -1 (a format marker),
-the packing version (1), the token count n, n token ids, the media-chunk count, media.
-Older servers wrote the plain token list; both are read.
-The token list is the first gate: a file whose tokens are not exactly the head's is
+Layout (``llama_context::state_seq_save_file``): u32 magic ``ggsq``, u32 version, u32 count,
+``count`` i32 values, then the sequence state. llama-server packs its prompt into those values
+(``server_tokens::serialize``): -1 (a format marker), the packing version (1), the token count
+n, n token ids, the media-chunk count, media. Older servers wrote the plain token list; both
+are read. The token list is the first gate: a file whose tokens are not exactly the head's is
 never restored (a failed restore wipes the slot's live cache, so we check first).
+
+The version field (``LLAMA_STATE_SEQ_VERSION``) is what a server checks before it loads a file:
+only its own. What ocpc reads, the header above, is the same in every version a build on PyPI
+writes, read from each build's own source (``src/llama-context.cpp`` and
+``tools/server/server-common.cpp``):
+
+* **2** (b10502, 2026-08-20): the header and the packing as above.
+* **3** (b11003 through b11393): the same header; the sequence state after it adds a recurrent
+  layer's extra state rows (``p_l``: ``llama-memory-recurrent.cpp``).
+* **4** (b11434, 2026-10-06): the same header; the KV cache's state adds its attention-rotation
+  sizes (``n_rot_k``, ``n_rot_v``: ``llama-kv-cache.cpp``).
+
+A version this ocpc has not read (a newer build: upstream bumps it whenever the state changes)
+is read the same way and marked ``known=False``: its header may still parse, and then only the
+gates on the live server decide whether a restore serves (capability.py), never the number.
 """
 
 from __future__ import annotations
@@ -21,7 +35,8 @@ import xxhash
 from .errors import SlotFileError
 
 MAGIC = 0x67677371  # 'ggsq'
-SUPPORTED_VERSIONS = frozenset({4})
+#: The versions whose header this ocpc has read in their builds' source (above).
+KNOWN_VERSIONS = frozenset({2, 3, 4})
 MAX_PACKED = 16 * 1024 * 1024  # more header values than any context holds: a damaged count
 
 #: The kinds of file ocpc writes in the slot folder, and their name prefixes.
@@ -35,7 +50,10 @@ FILE_RE = re.compile(r"(oc-prefix|oc-proj|oc-conv)-([0-9a-f]{16})\.bin")
 #: The tag keeps two servers (or daemons) saving the same key from writing one temp file.
 PART_RE = re.compile(r"((?:oc-prefix|oc-proj|oc-conv)-[0-9a-f]{16}\.bin)\.([0-9a-f]{8})\.part")
 #: ``ocpc doctor`` proves where saves land with a file of this name (its pid inside).
-DOCTOR_RE = re.compile(r"ocpc-doctor-([0-9]+)\.bin")  # ASCII digits only: \d takes any script's
+DOCTOR_RE = re.compile(r"ocpc-doctor-([0-9]+)\.bin|ocpc-selftest-([0-9]+)-[0-9a-f]{8}\.bin")  # ASCII digits only
+#: The self-test at first contact with a server binary and model saves this (capability.py); its
+#: tag keeps two servers' self-tests in one process apart.
+SELFTEST_NAME = "ocpc-selftest-{pid}-{tag}.bin"
 
 
 def is_slot_file_name(name: str) -> bool:
@@ -85,13 +103,17 @@ class SlotFileHeader:
     tokens: tuple[int, ...]
     size: int  # whole file, bytes
     state_bytes: int  # bytes after the token list
+    known: bool = True  # a version whose layout this ocpc has read (``KNOWN_VERSIONS``)
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
 
-def read_header(path: Path) -> SlotFileHeader:
+def read_header(path: Path, *, known: frozenset[int] = KNOWN_VERSIONS) -> SlotFileHeader:
+    """The header; a version not in ``known`` is read the same way and marked ``known=False``
+    (``SlotFileError`` only when it does not parse: no magic, a count past the file, a packing
+    this ocpc does not know)."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(12)
@@ -100,10 +122,6 @@ def read_header(path: Path) -> SlotFileHeader:
             magic, version, count = struct.unpack("<III", head)
             if magic != MAGIC:
                 raise SlotFileError(f"{path.name} is not a llama.cpp slot file (bad magic)")
-            if version not in SUPPORTED_VERSIONS:
-                raise SlotFileError(
-                    f"{path.name} has slot-file version {version}; this ocpc reads {sorted(SUPPORTED_VERSIONS)}"
-                )
             size = path.stat().st_size
             if 12 + 4 * count > size or count > MAX_PACKED:
                 raise SlotFileError(f"{path.name} is truncated or damaged: header names {count} values")
@@ -114,7 +132,8 @@ def read_header(path: Path) -> SlotFileHeader:
         raise SlotFileError(f"cannot read {path}: {exc}") from exc
     packed = struct.unpack(f"<{count}i", raw)
     tokens = _unpack_server_tokens(packed, path.name)
-    return SlotFileHeader(version=version, tokens=tokens, size=size, state_bytes=size - 12 - 4 * count)
+    return SlotFileHeader(version=version, tokens=tokens, size=size, state_bytes=size - 12 - 4 * count,
+                          known=version in known)
 
 
 SERVER_TOKENS_VERSION = 1

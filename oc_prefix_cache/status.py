@@ -17,6 +17,7 @@ import httpx
 from rich.console import Console
 from rich.markup import escape
 
+from . import loopback
 from .errors import OcpcError, StoreError
 from .fingerprint import kv_settings
 from .server_info import ResolvedServer, flag_value, port_of, read_runtime, same_server, server_argv
@@ -134,7 +135,7 @@ def _flags(argv: list[str] | None) -> dict[str, str | None] | None:
 def daemon_part(settings: Settings) -> dict[str, Any]:
     url = settings.daemon_url
     try:
-        data = httpx.get(f"{url}/v1/status", timeout=httpx.Timeout(2.0, connect=0.5)).json()
+        data = loopback.get(f"{url}/v1/status", timeout=httpx.Timeout(2.0, connect=0.5)).json()
     except (httpx.HTTPError, ValueError) as exc:
         return {"url": url, "up": False, "error": f"no ocpc daemon at {url} ({type(exc).__name__})"}
     daemon = data.get("daemon") or {}

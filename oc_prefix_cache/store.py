@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 
 from .errors import IndexCorrupt, LockTimeout, StoreError
-from .files import file_lock, write_atomic
+from .files import file_lock, write_private
 from .slotfile import kind_of
 
 log = logging.getLogger("ocpc.store")
@@ -36,6 +36,9 @@ INDEX_VERSION = 3
 # one index; an unknown field is not corruption).
 OLDEST_VERSION = 1
 KINDS = ("head", "proj", "conv")
+# An entry of a kind not in KINDS (a newer ocpc's, read after a downgrade) is not corruption
+# either: it is kept as it was written, byte for byte, and never used; gc never deletes it or
+# touches its file (``Index.foreign``).
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Entry:
     expires: int = 0  # unix seconds after which the file is useless (proj: the end of its day); 0 never
     text_chars: int = 0  # conv: characters of the rendered prompt its tokens cover (0: unknown)
     text_xxh64: str = ""  # conv: digest of that text, so a request that starts with it tokenizes only the rest
+    conversation: str = ""  # conv: the conversation's own name (instances.py; "" in parks of ocpc before 0.2)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields of another ocpc version, kept
 
     def to_json(self) -> dict[str, Any]:
@@ -107,15 +111,26 @@ class Index:
     current_seen: dict[str, int] = field(default_factory=dict)
     version: int = INDEX_VERSION  # a newer ocpc's number is kept, so it never reads as older
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # another version's top-level fields
+    # key -> an entry of a kind this ocpc does not know (a newer version's), exactly as read: no
+    # code looks at it (it is not in ``entries``), it is written back unchanged, and gc leaves it
+    # and its file alone (``foreign_files``). An entry of ours under the same key wins.
+    foreign: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        ours = {fp: e.to_json() for fp, e in self.entries.items()}
+        kept = {fp: raw for fp, raw in self.foreign.items() if fp not in ours}
         return {
             **self.extra,
             "version": max(self.version, INDEX_VERSION),
-            "entries": {fp: e.to_json() for fp, e in sorted(self.entries.items())},
+            "entries": dict(sorted((ours | kept).items())),
             "current": dict(sorted(self.current.items())),
             "current_seen": dict(sorted(self.current_seen.items())),
         }
+
+    def foreign_files(self) -> frozenset[str]:
+        """The file names entries of unknown kinds give (a string ``file`` field): never ours to delete."""
+        return frozenset(raw["file"] for fp, raw in self.foreign.items()
+                         if fp not in self.entries and isinstance(raw.get("file"), str))
 
     def mark_current(self, slot: str, key: str, *, now: int | None = None) -> None:
         self.current[slot] = key
@@ -147,7 +162,11 @@ class Index:
         if not all(isinstance(v, dict) for v in (entries_raw, current_raw, seen_raw)):
             raise IndexCorrupt(f"{source}: 'entries', 'current' and 'current_seen' must be objects")
         entries: dict[str, Entry] = {}
+        foreign: dict[str, dict[str, Any]] = {}
         for fp, raw in entries_raw.items():
+            if is_foreign(raw):
+                foreign[fp] = raw
+                continue
             entry = _entry(raw, fp, source)
             if kind_of(entry.file) != entry.kind:
                 raise IndexCorrupt(f"{source}: entry {fp!r} names {entry.file!r}, not an ocpc {entry.kind} file")
@@ -155,7 +174,14 @@ class Index:
         current = {str(k): str(v) for k, v in current_raw.items()}
         seen = {str(k): v for k, v in seen_raw.items() if isinstance(v, int) and not isinstance(v, bool)}
         extra = {k: v for k, v in data.items() if k not in _INDEX_FIELDS}
-        return cls(entries=entries, current=current, current_seen=seen, version=version, extra=extra)
+        return cls(entries=entries, current=current, current_seen=seen, version=version, extra=extra,
+                   foreign=foreign)
+
+
+def is_foreign(raw: Any) -> bool:
+    """An entry of a kind this ocpc does not know: an object whose ``kind`` is a string not in
+    KINDS. Nothing else of it is checked (a newer kind may name any file, with any fields)."""
+    return isinstance(raw, dict) and isinstance(raw.get("kind"), str) and raw["kind"] not in KINDS
 
 
 def _entry(raw: Any, fp: str, source: str) -> Entry:
@@ -175,7 +201,7 @@ def _entry(raw: Any, fp: str, source: str) -> Entry:
                        ("last_used", int), ("model", str), ("server_build", str), ("harness", str), ("xxh64", str),
                        ("kind", str), ("identity", str), ("head", str), ("session", str), ("chain", list),
                        ("chain_n", int), ("chain_xxh64", str), ("expires", int), ("text_chars", int),
-                       ("text_xxh64", str)):
+                       ("text_xxh64", str), ("conversation", str)):
         value = getattr(entry, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise IndexCorrupt(f"{source}: entry {fp!r} has {name}={value!r}, expected {kind.__name__}")
@@ -230,7 +256,7 @@ class Store:
     def save(self, index: Index) -> None:
         """Atomic replace: readers see the old index or the new one, never half of one."""
         try:
-            write_atomic(self.index_path, (json.dumps(index.to_json(), indent=1) + "\n").encode())
+            write_private(self.index_path, (json.dumps(index.to_json(), indent=1) + "\n").encode())
         except OSError as exc:
             raise StoreError(f"cannot write {self.index_path}: {exc}") from exc
 

@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from . import loopback
 from .errors import OcpcError
 from .events import read_events
 from .settings import Settings
@@ -83,7 +84,7 @@ def _doors(settings: Settings) -> dict[str, Any]:
     doors = {}
     for name, url in (("daemon", f"{settings.daemon_url}/v1/status"), ("proxy", f"{settings.proxy_url}/ocpc/status")):
         try:
-            data = httpx.get(url, timeout=httpx.Timeout(1.0, connect=0.3)).json()
+            data = loopback.get(url, timeout=httpx.Timeout(1.0, connect=0.3)).json()
         except (httpx.HTTPError, ValueError):
             continue
         prepare = (data.get("daemon") if name == "daemon" else data.get("prepare")) or {}

@@ -248,6 +248,12 @@ class SlotTracker:
         with self._guard:
             return self._server(server).epoch
 
+    def locked(self, server: str) -> list[int]:
+        """The slots of ``server`` whose lock some prepare or hold has now (``/ocpc/status``, and the
+        tests that check nothing outlives its request)."""
+        with self._guard:
+            return sorted(slot for slot, state in self._server(server).slots.items() if state.lock.locked())
+
     def knows(self, server: str) -> bool:
         """Whether ocpc believes anything of this server process: what a slot holds or ran, a
         file proven on it, its process. (What a process that ended takes with it.)"""

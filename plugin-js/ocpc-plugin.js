@@ -17,7 +17,7 @@ import { readFileSync, promises as fsp } from "node:fs";
 
 // Not exported (OpenCode would take it for a plugin function); `ocpc --version` and doctor
 // read it from this file's text, and the init log line carries it.
-const OCPC_PLUGIN_VERSION = "0.3.2";
+const OCPC_PLUGIN_VERSION = "0.3.4";
 
 // Shared across module copies (a global and a project plugin folder may both load this
 // file), so a provider's fetch is never wrapped twice.
@@ -140,8 +140,9 @@ function makeLogger(file) {
     } catch {
       return;
     }
-    // Chained so lines keep their order; a failing disk only loses log lines.
-    chain = chain.then(() => fsp.appendFile(file, line)).catch(() => {});
+    // Chained so lines keep their order; a failing disk only loses log lines. A new file is
+    // 0600 whatever OpenCode's umask: its lines hold session ids (0.3.3).
+    chain = chain.then(() => fsp.appendFile(file, line, { mode: 0o600 })).catch(() => {});
   };
 }
 
@@ -391,20 +392,39 @@ async function askDaemon(call, outerSignal, settings) {
   }
 }
 
-// A timer that runs `onTimeout` after `ms`, unless it runs late: then the event loop was stalled
-// (OpenCode's own start-up work on a busy machine) and what arrived meanwhile (the daemon's
-// headers) is still unread, since expired timers run before the loop reads its sockets. So a
-// late timer first gives the loop a short turn to read them, and decides after it. Returns
-// the cancel function.
+// A bound of `ms` of the event loop's own time, not of the wall clock. Its timer ticks every STEP_MS
+// and each tick counts what it was set for, not how late it ran: on a loaded machine (a compile
+// beside OpenCode) every process runs late alike, the daemon answering as the plugin's own timers
+// do, so the bound stretches with the load and a slow daemon is not taken for a hung one. Measured
+// on 2 cores with 12 busy loops beside the tests (issue 36): the daemon's headers came 270-440 ms
+// after the prepare was sent, against a 500 ms bound, while OpenCode's 25 ms timers ran 60-85 ms
+// apart, or not at all for 2.5 s as it started; with 20, a prepare after a server restart had no
+// headers at 500 ms, the plugin gave up on the working daemon, and that turn had no report.
+// A tick later than STALL_MS (a stalled loop) never ends the bound: what arrived meanwhile (the
+// daemon's headers, a report's answer) is still unread then, since expired timers run before the
+// loop reads its sockets, so it looks again after the loop's next turn (0.3.2). Lateness stretches
+// a bound by LATE_CREDIT_MS at most: a loop late all along still gives up. Returns the cancel
+// function.
+const STEP_MS = 25;
 const STALL_MS = 50; // later than this: the loop was stalled, not just busy
 const RECHECK_MS = 10;
+const LATE_CREDIT_MS = 10000;
 function patientTimeout(ms, onTimeout) {
   let handle = null;
+  let counted = 0;
+  const cap = Date.now() + ms + LATE_CREDIT_MS;
   const arm = (delay) => {
     const due = Date.now() + delay;
-    handle = setTimeout(() => (Date.now() - due > STALL_MS ? arm(RECHECK_MS) : onTimeout()), delay);
+    handle = setTimeout(() => {
+      const now = Date.now();
+      counted += delay;
+      if (now >= cap) onTimeout();
+      else if (now - due > STALL_MS) arm(RECHECK_MS);
+      else if (counted >= ms) onTimeout();
+      else arm(Math.min(STEP_MS, ms - counted));
+    }, delay);
   };
-  arm(ms);
+  arm(Math.min(STEP_MS, ms));
   return () => clearTimeout(handle);
 }
 
@@ -486,7 +506,7 @@ async function waitForReports(reports, signal, settings, log) {
   let timer = null;
   let onAbort = null;
   const bound = new Promise((resolve) => {
-    timer = setTimeout(() => resolve("timeout"), settings.reportTimeoutMs);
+    timer = patientTimeout(settings.reportTimeoutMs, () => resolve("timeout"));
   });
   const aborted = new Promise((resolve) => {
     onAbort = () => resolve("aborted");
@@ -497,21 +517,22 @@ async function waitForReports(reports, signal, settings, log) {
     const outcome = await Promise.race([Promise.allSettled(pending).then(() => "settled"), bound, aborted]);
     log({ ev: "report_wait", ms: Date.now() - started, reports: pending.length, outcome });
   } finally {
-    clearTimeout(timer);
+    timer?.();
     signal?.removeEventListener?.("abort", onAbort);
   }
 }
 
-// Waits for `promise` (never rejects here) or `ms`, whichever comes first.
+// Waits for `promise` (never rejects here) or `ms` of the event loop's running time
+// (patientTimeout), whichever comes first.
 async function within(promise, ms) {
-  let timer = null;
+  let cancel = null;
   const bound = new Promise((resolve) => {
-    timer = setTimeout(resolve, ms);
+    cancel = patientTimeout(ms, resolve);
   });
   try {
     await Promise.race([Promise.resolve(promise).catch(() => {}), bound]);
   } finally {
-    clearTimeout(timer);
+    cancel?.();
   }
 }
 
@@ -616,7 +637,8 @@ function isCount(value) {
 
 async function sendReport(fingerprint, prepareId, counts, settings, log) {
   const controller = new AbortController();
-  const timer = setTimeout(() => controller.abort(), settings.reportTimeoutMs);
+  // Patient: a stall as the report leaves must not abort it before it is even written.
+  const cancelTimer = patientTimeout(settings.reportTimeoutMs, () => controller.abort());
   const payload = { fingerprint, cache_n: counts.cache_n, prompt_n: counts.prompt_n };
   if (counts.predicted_n !== undefined) payload.predicted_n = counts.predicted_n;
   if (counts.prompt_ms !== undefined) payload.prompt_ms = counts.prompt_ms;
@@ -633,7 +655,7 @@ async function sendReport(fingerprint, prepareId, counts, settings, log) {
   } catch (err) {
     log({ ev: "error", stage: "report", ...payload, error: describeError(err) });
   } finally {
-    clearTimeout(timer);
+    cancelTimer();
   }
 }
 

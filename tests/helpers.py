@@ -6,14 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
-
+from oc_prefix_cache import loopback
 from oc_prefix_cache.head import Head, extract_head, parse_body
 from oc_prefix_cache.render import render_head
 from oc_prefix_cache.slot_client import SlotClient, Timings
+
+T = TypeVar("T")
 
 CAPTURES = Path(__file__).parent / "data" / "opencode-1.18.33"
 TITLE = "01_projA_turn1_title_request.json"
@@ -55,6 +58,31 @@ def sized(full: int, smaller: int) -> int:
     return full if FULL else smaller
 
 
+#: How long a test waits for an event it needs (a report, a process's exit, a line in a log, a
+#: file): one generous suite-wide bound, never a guess of how long the event takes. A test polls
+#: for the event and goes on as soon as it happens, so a quick machine pays nothing for it; a
+#: loaded one (a compile beside the suite on two cores) only takes longer, where a fixed few
+#: seconds is a guess it outruns (issue 36). A real product deadline a test checks ("the request
+#: went on after its 1.5 s budget") is not one of these waits. ``OCPC_TEST_WAIT_S`` overrides it
+#: (seconds).
+SUITE_WAIT_S = float(os.environ.get("OCPC_TEST_WAIT_S") or 300)
+
+
+def wait_until(check: Callable[[], T | None], *, what: str, within: float | None = None,
+               every: float = 0.1) -> T:
+    """Poll ``check()`` until it returns something truthy and return that; fail naming ``what``
+    (and how long it waited) when it has not within ``within`` (default ``SUITE_WAIT_S``)."""
+    bound = SUITE_WAIT_S if within is None else within
+    started = time.monotonic()
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() - started >= bound:
+            raise AssertionError(f"{what}: not within {bound:g} s")
+        time.sleep(every)
+
+
 def capture_bytes(name: str) -> bytes:
     return (CAPTURES / name).read_bytes()
 
@@ -74,7 +102,7 @@ def chat(url: str, body: dict[str, Any], *, max_tokens: int = 4) -> Timings:
     """Send a chat request like OpenCode would (non-streaming here), return its timings."""
     sent = {**body, "max_tokens": max_tokens, "stream": False}
     sent.pop("stream_options", None)
-    response = httpx.post(f"{url}/v1/chat/completions", json=sent, timeout=300)
+    response = loopback.post(f"{url}/v1/chat/completions", json=sent, timeout=300)
     response.raise_for_status()
     return Timings.from_response(response.json())
 

@@ -6,7 +6,9 @@
 # tests/test_packaging.py builds the sdist and wheel and runs install/uninstall from the
 # wheel in a fresh virtualenv (no editable install, temporary HOME and OpenCode config).
 # Idempotent: the venv is reused, the llama-server build and tiny models are cached
-# under ~/.cache/oc-prefix-cache/rig (keyed by the pinned sdist version), OpenCode under
+# under ~/.cache/oc-prefix-cache/rig, keyed by the pinned sdist version, the arch, a digest of
+# the CPU's flags and the compilers' versions (a native build from another CPU could die with
+# SIGILL, so a cache restored from another machine builds again: `ocpc rig info`), OpenCode under
 # ~/.cache/oc-prefix-cache/opencode-<version>, the peer under ~/.cache/oc-prefix-cache/peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +39,9 @@ trap stop_jobs EXIT
 bins_pid=$!
 # The real llama-server and tiny models: built once, cached (a cold build is 10-20 minutes on
 # two cores), so the tests that need no server run while it compiles.
-.venv/bin/ocpc rig build >"$rig_log" 2>&1 &
+# --matrix: also llama-server alone for the older builds of the compatibility matrix (b11393, b10502:
+# tests/test_matrix.py, marker `matrix`), each cached per version and machine like the pinned one.
+.venv/bin/ocpc rig build --matrix >"$rig_log" 2>&1 &
 rig_pid=$!
 
 step "mypy"

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.anthropic import (
     StreamTranslator,
     TranslationError,
@@ -287,14 +288,14 @@ def prompt_of_server(url: str, log_dir: Path, body: dict[str, Any]) -> tuple[htt
     """POST to /v1/messages and read back the prompt the server logged for it (if it rendered one)."""
     for old in log_dir.iterdir():
         old.unlink()
-    response = httpx.post(f"{url}/v1/messages", json=body, timeout=60)
+    response = loopback.post(f"{url}/v1/messages", json=body, timeout=60)
     logged = sorted(log_dir.iterdir())
     assert len(logged) <= 1
     return response, logged[0].read_text() if logged else None
 
 
 def tokens(url: str, prompt: str) -> int:
-    response = httpx.post(f"{url}/tokenize", json={"content": prompt, "add_special": True}, timeout=30)
+    response = loopback.post(f"{url}/tokenize", json={"content": prompt, "add_special": True}, timeout=30)
     return len(response.json()["tokens"])
 
 
@@ -312,7 +313,7 @@ def test_rendering_equals_the_servers_own_on_the_captures(llama_server: Any, tmp
     rendered = refused = 0
     for name, form, body in cases:
         response, server_prompt = prompt_of_server(server.url, log_dir, body)
-        ours = httpx.post(f"{server.url}/apply-template", json=to_chat(body), timeout=30)
+        ours = loopback.post(f"{server.url}/apply-template", json=to_chat(body), timeout=30)
         label = f"{name} ({form})"
         if server_prompt is None:  # refused before rendering finished: the very same error
             assert (response.status_code, response.json()) == (ours.status_code, ours.json()), label
@@ -320,11 +321,11 @@ def test_rendering_equals_the_servers_own_on_the_captures(llama_server: Any, tmp
             continue
         assert ours.status_code == 200, label
         assert ours.json()["prompt"] == server_prompt, label
-        count = httpx.post(f"{server.url}/v1/messages/count_tokens", json=body, timeout=30).json()
+        count = loopback.post(f"{server.url}/v1/messages/count_tokens", json=body, timeout=30).json()
         assert count["input_tokens"] == tokens(server.url, server_prompt), label
         if response.status_code == 400:  # too long for -c 2048: the server's count, no prefill
             assert response.json()["error"]["n_prompt_tokens"] == count["input_tokens"], label
-            as_chat = httpx.post(f"{server.url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=30)
+            as_chat = loopback.post(f"{server.url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=30)
             assert (as_chat.status_code, as_chat.json()) == (400, response.json()), label  # pass it on as it is
         rendered += 1
     # every raw Claude Code body is refused ("System message must be at the beginning"); every
@@ -333,11 +334,11 @@ def test_rendering_equals_the_servers_own_on_the_captures(llama_server: Any, tmp
 
 
 def erase(url: str) -> None:
-    httpx.post(f"{url}/slots/0", params={"action": "erase"}, json={}, timeout=30).raise_for_status()
+    loopback.post(f"{url}/slots/0", params={"action": "erase"}, json={}, timeout=30).raise_for_status()
 
 
 def via_server(url: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=120) as response:
+    with loopback.stream("POST", f"{url}/v1/messages", json=body, timeout=120) as response:
         return response.status_code, b"".join(response.iter_raw())
 
 
@@ -346,7 +347,7 @@ def via_translator(url: str, body: dict[str, Any]) -> tuple[int, bytes, bytes]:
     translator = StreamTranslator()
     out, raw = [], []
     sent = upstream_body(to_chat(body))
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=sent, timeout=120) as response:
+    with loopback.stream("POST", f"{url}/v1/chat/completions", json=sent, timeout=120) as response:
         for piece in response.iter_raw():
             raw.append(piece)
             out.append(translator.feed(piece))
@@ -387,9 +388,9 @@ def start_usage(events: bytes) -> dict[str, int]:
 def assert_same_message(url: str, body: dict[str, Any]) -> dict[str, Any]:
     body = {**body, "stream": False}
     erase(url)
-    server = httpx.post(f"{url}/v1/messages", json=body, timeout=120)
+    server = loopback.post(f"{url}/v1/messages", json=body, timeout=120)
     erase(url)
-    chat = httpx.post(f"{url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=120)
+    chat = loopback.post(f"{url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=120)
     assert (chat.status_code, server.status_code) == (200, 200)
     ours, theirs = to_message(chat.json()), server.json()
     assert ours.pop("id").startswith("chatcmpl-") and theirs.pop("id").startswith("chatcmpl-")
@@ -455,7 +456,7 @@ def test_tool_use_end_turn_and_errors_match_the_server(llama_server: Any) -> Non
     assert event_names(failed) == ["message_start", "error"] and b'"type":"server_error"' in failed
     body = {**ask, "tool_choice": {"type": "any"}, "tools": flag, "max_tokens": 20, "stream": False}
     erase(server.url)
-    theirs = httpx.post(f"{server.url}/v1/messages", json=body, timeout=60)
+    theirs = loopback.post(f"{server.url}/v1/messages", json=body, timeout=60)
     erase(server.url)
-    ours = httpx.post(f"{server.url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=60)
+    ours = loopback.post(f"{server.url}/v1/chat/completions", json=upstream_body(to_chat(body)), timeout=60)
     assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json()) == (500, theirs.json())

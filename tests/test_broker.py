@@ -11,6 +11,8 @@ from oc_prefix_cache.broker import IDLE_LOOKS_S, LEASE_GRACE_S, UNSTARTED_S, Ask
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.tracker import Observation, SlotTracker
 
+from .helpers import SUITE_WAIT_S
+
 SERVER = "http://127.0.0.1:9"
 
 
@@ -105,12 +107,13 @@ def test_with_every_slot_lent_a_request_waits_in_line_for_the_first_report() -> 
     for i, taken in enumerate(lent):
         b.lend(f"p-{i}", taken)
     got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(b.take(Ask("new", n_slots=2), deadline=Deadline.after(5)).slot))
+    waiter = threading.Thread(target=lambda: got.append(b.take(Ask("new", n_slots=2),
+                                                               deadline=Deadline.after(SUITE_WAIT_S)).slot))
     waiter.start()
     time.sleep(0.3)
     assert not got  # both slots run a request: it waits
     b.returned("p-1")
-    waiter.join(5)
+    waiter.join(SUITE_WAIT_S)
     assert got == [lent[1].slot]
 
 

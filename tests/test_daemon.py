@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.broker import Ask
 from oc_prefix_cache.daemon import Daemon
 from oc_prefix_cache.deadline import Deadline
@@ -24,7 +24,8 @@ from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
 from oc_prefix_cache.store import Store
 
-from .helpers import CAPTURES, PROJ_A, PROJ_A_TURN2, PROJ_B, UA, capture, capture_bytes, chat, sized
+from .helpers import (CAPTURES, PROJ_A, PROJ_A_TURN2, PROJ_B, SUITE_WAIT_S, UA, capture, capture_bytes, chat, sized,
+                      wait_until)
 
 
 def settings_for(url: str) -> Settings:
@@ -48,8 +49,8 @@ def daemon_for(llama_server) -> Iterator:
 
 
 def post_prepare(daemon_url: str, name: str, session: str) -> dict:
-    response = httpx.post(f"{daemon_url}/v1/prepare", content=capture_bytes(name), timeout=120,
-                          headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"})
+    response = loopback.post(f"{daemon_url}/v1/prepare", content=capture_bytes(name), timeout=120,
+                             headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"})
     assert response.status_code == 200
     assert response.headers["x-ocpc-state"] == "working"
     return response.json()
@@ -64,17 +65,17 @@ def test_prepare_report_and_status_over_http(daemon_for) -> None:
     second = post_prepare(runner.url, PROJ_B, "ses_b")
     assert second["action"] == "restored"  # the slot holds project A's head: a hybrid restores the head
     timings = chat(server.url, capture(PROJ_B))
-    report = httpx.post(f"{runner.url}/v1/report", json={
+    report = loopback.post(f"{runner.url}/v1/report", json={
         "fingerprint": second["fingerprint"], "cache_n": timings.cache_n, "prompt_n": timings.prompt_n})
     assert report.status_code == 200 and report.json()["verdict"] == "served"
 
-    status = httpx.get(f"{runner.url}/v1/status").json()
+    status = loopback.get(f"{runner.url}/v1/status").json()
     assert status["daemon"]["counters"]["warmed"] == 1
     assert status["daemon"]["counters"]["restored"] == 1
     assert status["daemon"]["last_report"]["cache_n"] == timings.cache_n
     assert first["fingerprint"] in [f["fingerprint"] for f in status["disk"]]
     assert status["server"]["healthy"] is True
-    assert httpx.get(f"{runner.url}/health").json()["status"] == "ok"
+    assert loopback.get(f"{runner.url}/health").json()["status"] == "ok"
 
 
 @pytest.mark.rig
@@ -118,13 +119,13 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
     runner.start()
     try:
         as_json = {"Content-Type": "application/json"}
-        bad = httpx.post(f"{runner.url}/v1/report", content=b"{nope", headers=as_json)
+        bad = loopback.post(f"{runner.url}/v1/report", content=b"{nope", headers=as_json)
         assert bad.status_code == 400 and "bad report" in bad.json()["error"]
-        wrong = httpx.post(f"{runner.url}/v1/report", json={"fingerprint": "x", "cache_n": "many", "prompt_n": 1})
+        wrong = loopback.post(f"{runner.url}/v1/report", json={"fingerprint": "x", "cache_n": "many", "prompt_n": 1})
         assert wrong.status_code == 400
-        garbage = httpx.post(f"{runner.url}/v1/prepare", content=b"\x00\x01garbage", headers=as_json)
+        garbage = loopback.post(f"{runner.url}/v1/prepare", content=b"\x00\x01garbage", headers=as_json)
         assert garbage.status_code == 200 and garbage.json()["action"] == "skipped"
-        assert httpx.get(f"{runner.url}/nope").status_code == 404
+        assert loopback.get(f"{runner.url}/nope").status_code == 404
         host, port = runner.httpd.server_address[:2]
         with socket.create_connection((str(host), port)) as sock:
             sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -135,7 +136,7 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
             sock.sendall(b"POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n")
             answer = sock.recv(4096).decode()
         assert answer.count("HTTP/1.1 ") == 1 and answer.startswith("HTTP/1.1 411")
-        assert httpx.get(f"{runner.url}/health").status_code == 200  # still serving
+        assert loopback.get(f"{runner.url}/health").status_code == 200  # still serving
     finally:
         runner.stop()
 
@@ -149,7 +150,7 @@ def test_browsers_and_rebound_names_are_refused(headers: dict, status: int) -> N
     runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
     runner.start()
     try:
-        answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), headers=headers)
+        answer = loopback.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), headers=headers)
         assert answer.status_code == status, answer.text
         assert runner.preparer.status()["counters"]["skipped"] == 0  # never reached the preparer
     finally:
@@ -169,8 +170,10 @@ def test_the_daemon_notices_a_server_restart_by_itself(llama_server) -> None:
     try:
         assert post_prepare(runner.url, PROJ_A, "ses_a")["action"] == "warmed"
         chat(server.url, capture(PROJ_A))
+        epoch = runner.tracker.epoch(runner.preparer.server)
         server.restart()
-        time.sleep(0.5)
+        wait_until(lambda: runner.tracker.epoch(runner.preparer.server) > epoch,  # its watch, not a prepare
+                   what="the daemon's watch did not notice the restart")
         turn2 = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
         assert turn2["action"] == "restored", turn2
     finally:
@@ -182,7 +185,7 @@ def test_daemon_listens_on_ipv6_loopback_too() -> None:
     runner.start()
     try:
         assert runner.url.startswith("http://[::1]:")
-        assert httpx.get(f"{runner.url}/health").json()["status"] == "ok"
+        assert loopback.get(f"{runner.url}/health").json()["status"] == "ok"
     finally:
         runner.stop()
 
@@ -229,7 +232,7 @@ def test_a_turn_sent_the_moment_a_restarted_server_answers_is_never_a_false_hit(
     head = first["prefix_tokens"]
     for i in range(sized(20, 8)):
         timings = chat(server.url, capture(PROJ_A_TURN2))
-        httpx.post(f"{runner.url}/v1/report", json={"fingerprint": first["fingerprint"], "cache_n": timings.cache_n,
+        loopback.post(f"{runner.url}/v1/report", json={"fingerprint": first["fingerprint"], "cache_n": timings.cache_n,
                                                     "prompt_n": timings.prompt_n})
         server.restart()  # returns the moment /health answers 200
         answer = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
@@ -246,9 +249,9 @@ def test_reading_the_status_from_a_web_page_is_refused() -> None:
     try:
         for headers in ({"Origin": "https://evil.example"}, {"Host": "evil.example"}):
             for path in ("/v1/status", "/health"):
-                answer = httpx.get(f"{runner.url}{path}", headers=headers)
+                answer = loopback.get(f"{runner.url}{path}", headers=headers)
                 assert answer.status_code == 403, (path, headers, answer.text)
-        assert httpx.get(f"{runner.url}/health").status_code == 200
+        assert loopback.get(f"{runner.url}/health").status_code == 200
     finally:
         runner.stop()
 
@@ -266,7 +269,7 @@ def test_a_pinning_plugin_on_one_slot_holds_it_until_its_report(llama_server) ->
     runner.start()
     try:
         broker = runner.preparer.broker
-        answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), timeout=120, headers={
+        answer = loopback.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), timeout=120, headers={
             "User-Agent": UA, "x-session-id": "ses_a", "Content-Type": "application/json", "x-ocpc-pin": "1"}).json()
         assert answer["fingerprint"] and (answer["slot"], answer["pin"]) == (0, False), answer
         assert broker.leases() == 1
@@ -274,7 +277,7 @@ def test_a_pinning_plugin_on_one_slot_holds_it_until_its_report(llama_server) ->
         assert proxied.hold is None and proxied.why_not, proxied  # the plugin's request has the slot
         broker.give_back(proxied)
         timings = chat(server.url, capture(PROJ_A))
-        verdict = httpx.post(f"{runner.url}/v1/report", timeout=10, json={
+        verdict = loopback.post(f"{runner.url}/v1/report", timeout=10, json={
             "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
             "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
         assert verdict == "served" and broker.leases() == 0
@@ -296,12 +299,12 @@ def test_a_pinning_plugin_on_two_slots_keeps_each_session_on_its_own_slot(llama_
     runner.start()
     try:
         def turn(name: str, session: str) -> dict:
-            answer = httpx.post(f"{runner.url}/v1/prepare", content=capture_bytes(name), timeout=120, headers={
+            answer = loopback.post(f"{runner.url}/v1/prepare", content=capture_bytes(name), timeout=120, headers={
                 "User-Agent": UA, "x-session-id": session, "Content-Type": "application/json",
                 "x-ocpc-pin": "1"}).json()
             assert answer["pin"] is True, answer
             timings = chat(server.url, {**capture(name), "id_slot": answer["slot"]})
-            verdict = httpx.post(f"{runner.url}/v1/report", timeout=10, json={
+            verdict = loopback.post(f"{runner.url}/v1/report", timeout=10, json={
                 "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
                 "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
             return answer | {"verdict": verdict, "processed": timings.prompt_n}
@@ -328,7 +331,7 @@ def pinned_prepare(runner: Daemon, name: str, session: str) -> socket.socket:
     return sock
 
 
-def counters_once(runner: Daemon, key: str, *, within: float) -> dict:
+def counters_once(runner: Daemon, key: str, *, within: float = SUITE_WAIT_S) -> dict:
     """The daemon's counters as soon as ``key`` is counted (or when ``within`` seconds ran out)."""
     until = time.monotonic() + within
     counters: dict = runner.preparer.status()["counters"]
@@ -353,10 +356,11 @@ def test_a_plugin_that_gives_up_while_its_prepare_waits_for_the_slot_gets_nothin
         assert held.hold is not None
         with pinned_prepare(runner, PROJ_A, "ses_a") as sock:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working": the prepare waits for the slot
-        time.sleep(1.5)  # the plugin is gone (the daemon looks every 0.25 s); then the slot frees
+        # The plugin is gone: the daemon notices (it looks every 0.25 s) and stops waiting; then the slot frees.
+        counters = counters_once(runner, "client_gone_before_prepare")
         broker.give_back(held)
-        counters = counters_once(runner, "client_gone_before_prepare", within=30)
         assert counters.get("client_gone_before_prepare") == 1, counters
+        counters = runner.preparer.status()["counters"]
         assert not any(counters.get(k) for k in ("warmed", "restored", "hit")), counters  # nothing done to the slot
         assert broker.leases() == 0
         after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(2))
@@ -378,10 +382,11 @@ def test_a_slot_prepared_for_a_plugin_that_gave_up_meanwhile_is_not_lent(llama_s
         broker = runner.preparer.broker
         with pinned_prepare(runner, PROJ_A, "ses_a") as sock:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working"
-            until = time.monotonic() + 30
-            while time.monotonic() < until and not any(s["is_processing"] for s in httpx.get(f"{server.url}/slots").json()):
+            until = time.monotonic() + SUITE_WAIT_S
+            while time.monotonic() < until and not any(s["is_processing"]
+                                                       for s in loopback.get(f"{server.url}/slots").json()):
                 time.sleep(0.05)  # leave once the warm runs in the server
-        counters = counters_once(runner, "warmed", within=60)
+        counters = counters_once(runner, "warmed")
         assert counters.get("warmed") == 1 and counters.get("client_gone_during_prepare") == 1, counters
         assert broker.leases() == 0
         after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(2))

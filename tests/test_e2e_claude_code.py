@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.events import read_events
 from oc_prefix_cache.install import claude_code
 from oc_prefix_cache.llama_process import free_port
@@ -31,6 +32,8 @@ from oc_prefix_cache.process import stop_group
 from oc_prefix_cache.settings import Settings
 
 from .harness_bins import Bin, npm_install  # noqa: F401 (npm_install: the other end-to-end tests' import)
+from .helpers import SUITE_WAIT_S, wait_until
+from .proxy_stub import agent_env
 
 pytestmark = pytest.mark.rig
 
@@ -75,26 +78,44 @@ class ProxyProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "proxy", "--server",
                                           self.server_url, "-v"], env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        for _ in range(150):
+
+        def up() -> bool:  # the event: its status answers (a loaded machine only makes it later)
+            if self.proc is None or self.proc.poll() is not None:
+                raise AssertionError("the proxy exited")
             try:
-                httpx.get(f"{self.url}/ocpc/status", timeout=0.5).raise_for_status()
-                return self
+                loopback.get(f"{self.url}/ocpc/status", timeout=5).raise_for_status()
+                return True
             except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError(f"the proxy did not start: {self.log.read_text()[-2000:]}")
+                return False
+
+        try:
+            wait_until(up, what="the proxy did not start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.log.read_text()[-2000:]}") from None
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             stop_group(self.proc, grace=5)
 
     def status(self) -> dict[str, Any]:
-        data: dict[str, Any] = httpx.get(f"{self.url}/ocpc/status", timeout=5).json()
+        data: dict[str, Any] = loopback.get(f"{self.url}/ocpc/status", timeout=SUITE_WAIT_S).json()
         return data
+
+    def settled(self) -> dict[str, Any]:
+        """The proxy's status once no request holds a slot: it records a request (then gives its
+        slot back) in a worker just after the answer's last byte, so an agent that exits at once
+        can be quicker than the record, the more so on a loaded machine."""
+        def idle() -> dict[str, Any] | None:
+            status = self.status()
+            return status if not any(slot["busy"] for slot in status["slots"].values()) else None
+        return wait_until(idle, what="the proxy's requests did not finish")
 
     def new_requests(self) -> list[dict[str, Any]]:
         """The chat requests the proxy finished since the last call (it keeps the last 64)."""
-        recent = self.status()["recent"]
-        total = self.status()["counters"].get("requests", 0)
+        status = self.settled()
+        recent = status["recent"]
+        total = status["counters"].get("requests", 0)
         fresh = [r for r in recent if r["at"] > self.seen]
         if recent:
             self.seen = max(r["at"] for r in recent)
@@ -142,8 +163,8 @@ def claude_env(proxy_url: str) -> dict[str, str]:
 
 
 def run_claude(binary: Path, env: dict[str, str], project: Path, *args: str) -> str:
-    proc = subprocess.run([str(binary), *args], cwd=project, env={**env, "PWD": str(project)}, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run([str(binary), *args], cwd=project, env=agent_env({**env, "PWD": str(project)}),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"claude failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 

@@ -19,6 +19,7 @@ import pytest
 
 from .harness_bins import Bin
 from .helpers import install_harness, uninstall_harness
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -55,7 +56,7 @@ def cline_home(home: Path, proxy_url: str, server_url: str) -> Path:
 def run_cline(binary: Path, home: Path, project: Path, prompt: str) -> str:
     """One session. The tiny model's reply is empty (it ends at once), which Cline reports as an error
     and exit status 1 after the request was answered: that one failure is expected here."""
-    proc = subprocess.run([str(binary), prompt], cwd=project, env=cline_env(home), stdin=subprocess.DEVNULL,
+    proc = subprocess.run([str(binary), prompt], cwd=project, env=agent_env(cline_env(home)), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
     empty = proc.returncode == 1 and "Model returned empty response" in proc.stdout + proc.stderr
     assert proc.returncode == 0 or empty, f"cline failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

@@ -21,6 +21,7 @@ import pytest
 
 from .harness_bins import Bin
 from .helpers import install_harness, uninstall_harness
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -62,7 +63,7 @@ def codex_env(home: Path) -> dict[str, str]:
 
 def run_codex(binary: Path, home: Path, project: Path, prompt: str) -> str:
     env = {**codex_env(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8"}
-    proc = subprocess.run([str(binary), "exec", "--skip-git-repo-check", prompt], cwd=project, env=env,
+    proc = subprocess.run([str(binary), "exec", "--skip-git-repo-check", prompt], cwd=project, env=agent_env(env),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"codex failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout

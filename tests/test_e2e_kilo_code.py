@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -51,7 +52,7 @@ def run_kilo(binary: Path, home: Path, project: Path, prompt: str) -> str:
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
            "KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_MODELS_FETCH": "1", "KILO_DISABLE_SHARE": "1",
            "KILO_DISABLE_SESSION_INGEST": "1"}
-    proc = subprocess.run([str(binary), "run", prompt], cwd=project, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.run([str(binary), "run", prompt], cwd=project, env=agent_env(env), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
     # the tiny model's reply is empty (END_AT_ONCE), which Kilo reports as an error after the turn
     empty = proc.returncode == 1 and "the model returned no output" in proc.stdout + proc.stderr

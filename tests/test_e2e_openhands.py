@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -41,8 +42,9 @@ def run_openhands(binary: Path, home: Path, project: Path, proxy_url: str, promp
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
            "LLM_MODEL": "openai/local-model", "LLM_BASE_URL": f"{proxy_url}/v1", "LLM_API_KEY": "dummy",
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}
-    proc = subprocess.run([str(binary), "--headless", "--override-with-envs", "-t", prompt], cwd=project, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run([str(binary), "--headless", "--override-with-envs", "-t", prompt], cwd=project,
+                          env=agent_env(env), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert proc.returncode == 0, f"openhands failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 

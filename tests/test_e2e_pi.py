@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from .harness_bins import Bin
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, projects
 
 pytestmark = pytest.mark.rig
@@ -46,7 +47,7 @@ def run_pi(cli: Path, project: Path, prompt: str) -> str:
     env = {**os.environ, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "TZ": "UTC",
            "TERM": "dumb", "PWD": str(project)}
     proc = subprocess.run(["node", str(cli), "-p", "--provider", "local", "--model", "local-model", prompt],
-                          cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          cwd=project, env=agent_env(env), stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, f"pi failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout

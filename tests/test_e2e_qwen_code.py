@@ -24,6 +24,7 @@ from oc_prefix_cache.llama_process import free_port
 
 from .harness_bins import Bin
 from .helpers import install_harness, uninstall_harness
+from .proxy_stub import agent_env
 from .test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
@@ -43,7 +44,7 @@ def run_qwen(binary: Path, home: Path, project: Path, prompt: str) -> subprocess
     """One session: where it sends its requests comes from the installed settings.json alone."""
     env = {"HOME": str(home), "PATH": f"{Path(binary).resolve().parent}:/usr/local/bin:/usr/bin:/bin", "TERM": "dumb",
            "TZ": "UTC", "LANG": "C.UTF-8", "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1"}
-    return subprocess.run([str(binary), "-p", prompt], cwd=project, env=env, stdin=subprocess.DEVNULL,
+    return subprocess.run([str(binary), "-p", prompt], cwd=project, env=agent_env(env), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

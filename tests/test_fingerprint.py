@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.fingerprint import (
     KV_FLAGS,
     FingerprintInputs,
@@ -31,7 +31,7 @@ from oc_prefix_cache.rig import Rig
 from oc_prefix_cache.server_info import flag_value, gather_identity, identity_from_props, server_argv
 from oc_prefix_cache.slot_client import SlotClient
 
-from .helpers import PROJ_A, capture_bytes
+from .helpers import PROJ_A, SUITE_WAIT_S, capture_bytes
 
 PROPS: dict[str, Any] = {"model_path": "/m/model.gguf", "build_info": "b0-unknown", "chat_template": "t",
                          "total_slots": 1, "default_generation_settings": {"n_ctx": 16384}}
@@ -137,7 +137,7 @@ def fake_server(tmp_path: Path) -> Iterator:
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path,
                                 env={"PATH": os.environ.get("PATH", ""), **env})
         started.append(proc)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + SUITE_WAIT_S
         while not Path(f"/proc/{proc.pid}/environ").read_bytes() and time.monotonic() < deadline:
             time.sleep(0.01)  # just after exec the kernel shows an empty environment for a moment
         return proc.pid
@@ -205,7 +205,7 @@ def make_lora(rig: Rig, dest: Path, *, arch: str = "qwen3", layers: int = 2, ran
 def test_changing_an_adapters_scale_at_runtime_moves_the_fingerprint(llama_server, rig, tmp_path) -> None:
     adapter = make_lora(rig, tmp_path / "tiny-lora.gguf")
     server = llama_server("qwen3", ctx_size=4096, extra_args=("--lora", str(adapter)))
-    loaded = httpx.get(f"{server.url}/lora-adapters", timeout=5).json()
+    loaded = loopback.get(f"{server.url}/lora-adapters", timeout=5).json()
     assert [(a["id"], Path(a["path"]).name, a["scale"]) for a in loaded] == [(0, "tiny-lora.gguf", 1.0)]
 
     argv = server_argv(server.url)  # found by its port among the local processes
@@ -219,8 +219,8 @@ def test_changing_an_adapters_scale_at_runtime_moves_the_fingerprint(llama_serve
                                              head=head(), rendered_head="<rendered>"))
 
     full = current()
-    httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.5}], timeout=5).raise_for_status()
+    loopback.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.5}], timeout=5).raise_for_status()
     half = current()
     assert half != full
-    httpx.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 1.0}], timeout=5).raise_for_status()
+    loopback.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 1.0}], timeout=5).raise_for_status()
     assert current() == full

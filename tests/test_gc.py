@@ -43,7 +43,9 @@ NEAR_MISSES = ("oc-prefix-ABCDEF0123456789.bin", f"oc-prefix-{A}.bin.part", f"oc
                f"oc-conv-{A[:15]}.bin", f"oc-proj-{A.upper()}.bin", f"oc-conv-{A}.bin.1234567.part",
                f"oc-conv-{A}.bin.ABCDEF01.part", f"oc-conv-{A}.bin.{TAG}.part.1", f"other-{A}.bin.{TAG}.part",
                f"oc-proj-{A}.bin.{TAG}", f"x.bin.{TAG}.part", "ocpc-doctor-.bin", "ocpc-doctor-12.bin.part",
-               "ocpc-doctor-٣.bin", "ocpc-doctor-12a.bin", "ocpc-doctor-12.bin\n", "oc-conv.bin")
+               "ocpc-doctor-٣.bin", "ocpc-doctor-12a.bin", "ocpc-doctor-12.bin\n", "oc-conv.bin",
+               "ocpc-selftest-12.bin", f"ocpc-selftest-12-{TAG}x.bin",
+               "ocpc-selftest--00000000.bin", f"ocpc-doctor-12-{TAG}.bin")
 
 
 def is_hex(text: str, length: int) -> bool:
@@ -64,6 +66,10 @@ def kind_by_hand(filename: str) -> str | None:
     if filename.startswith("ocpc-doctor-") and filename.endswith(".bin") and digits \
             and all(c in "0123456789" for c in digits):
         return "doctor"
+    if filename.startswith("ocpc-selftest-") and filename.endswith(".bin"):  # the self-test's: pid, maybe a tag
+        pid, dash, tag = filename[len("ocpc-selftest-"):-len(".bin")].partition("-")
+        if pid and all(c in "0123456789" for c in pid) and dash and is_hex(tag, 8):
+            return "doctor"
     return None
 
 
@@ -308,6 +314,15 @@ def test_a_temp_file_of_a_current_key_still_goes_when_stale() -> None:
     stale = f"{name(A)}.{TAG}.part"
     p = plan([disk(A, days_old=400), disk(stale, days_old=1)], index_of({A: 400}, {SLOT0: A}))
     assert by_name(p) == {name(A): ("keep", "current"), stale: ("delete", "stale")}
+
+
+def test_a_self_test_file_left_behind_goes_like_a_doctor_probe() -> None:
+    """The self-test at first contact with a server (capability.py) deletes its file; one left by a
+    process that died goes like doctor's probe, and one of a live process stays."""
+    files = [disk(f"ocpc-selftest-11-{TAG}.bin", days_old=11 / 1440), disk(f"ocpc-selftest-12-{TAG}.bin", days_old=1)]
+    p = plan(files, Index(), live=frozenset({12}))
+    assert by_name(p) == {f"ocpc-selftest-11-{TAG}.bin": ("delete", "stale"),
+                          f"ocpc-selftest-12-{TAG}.bin": ("keep", "in_progress")}
 
 
 def test_doctor_probes_go_once_their_process_is_gone_and_ten_minutes_old() -> None:
@@ -773,3 +788,78 @@ def test_ocpc_gc_shows_each_file_kind(tmp_path: Path) -> None:
     assert any(line.split()[:4] == ["would", "delete", "conv", name(A, "conv")] for line in lines), lines
     assert any(line.split()[:4] == ["would", "delete", "part", f"{name(A)}.{TAG}.part"] for line in lines), lines
     assert (s.slot_dir / name(A, "conv")).exists()
+
+
+# --- entries of kinds this ocpc does not know (a newer ocpc's, after a downgrade) ---------
+
+unknown_kinds = st.text(max_size=10).filter(lambda k: k not in ("head", "proj", "conv"))
+
+
+@st.composite
+def worlds_with_foreign_entries(draw: st.DrawFn) -> tuple[World, dict[str, dict[str, object]]]:
+    """A mixed world whose index also holds entries of unknown kinds, naming: a file in one of
+    our patterns nothing else names (old enough to go as an orphan), a file the world already
+    has (a head past its TTL, a stranger...), or a name in no pattern; some with a stale temp
+    file beside them."""
+    w = draw(mixed_worlds())
+    files = {f.name: f for f in w.files}
+    foreign: dict[str, dict[str, object]] = {}
+    for key in draw(st.lists(hex16.filter(lambda k: k not in w.index.entries), max_size=4, unique=True)):
+        choice = draw(st.sampled_from(["ours", "existing", "stranger"]))
+        if choice == "existing" and files:
+            fname = draw(st.sampled_from(sorted(files)))
+        elif choice == "stranger":
+            fname = draw(st.sampled_from(["oc-tier-7.bin", "x.bin", f"oc-prefix-{key}.gguf"]))
+        else:
+            fname = name(key, draw(st.sampled_from(list(PREFIX))))
+        if fname not in files:
+            files[fname] = disk(fname, days_old=400, size=draw(st.integers(0, 1000)))
+        if draw(st.booleans()) and kind_by_hand(fname) in PREFIX:
+            part = f"{fname}.{TAG}.part"
+            files[part] = DiskFile(part, 10, NOW - 5 * HOUR)
+        foreign[key] = {"kind": draw(unknown_kinds), "file": fname, "bytes": 1, "tier": draw(st.integers())}
+    return replace(w, files=list(files.values())), foreign
+
+
+def with_foreign(index: Index, foreign: dict[str, dict[str, object]]) -> Index:
+    """The index as a newer ocpc would leave it, read back through the real reader."""
+    data = index.to_json()
+    data["entries"] = {**data["entries"], **foreign}
+    return Index.from_json(json.loads(json.dumps(data)), source="test")
+
+
+@given(worlds_with_foreign_entries())
+@hyp_settings(max_examples=300)
+def test_gc_never_deletes_or_judges_the_files_of_entries_of_unknown_kinds(
+        world: tuple[World, dict[str, dict[str, object]]]) -> None:
+    """Before, one such entry made the index corrupt and cleanup stopped altogether; reading them
+    must not make their files fair game either (an orphan in our pattern, a temp file, a head
+    past its TTL that the newer entry names too): they are ignored, like a stranger's."""
+    w, foreign = world
+    p = plan_of(replace(w, index=with_foreign(w.index, foreign)))
+    assert p.disabled is None
+    theirs = {str(raw["file"]) for raw in foreign.values()}
+    theirs |= {f.name for f in w.files if f.name.endswith(".part") and f.name.rsplit(".", 2)[0] in theirs}
+    assert not theirs & {d.name for d in p.decisions}, theirs
+    assert not theirs & set(p.orphans)
+    assert {f.name for f in w.files} & theirs <= set(p.ignored)
+
+
+def test_run_gc_keeps_entries_of_unknown_kinds_and_their_files_and_cleans_the_rest(tmp_path: Path) -> None:
+    s = make_settings(tmp_path, OC_PREFIX_CACHE_KEEP_RECENT="0")
+    seed(s)
+    newer = {"kind": "tier2", "file": name("7" * 16, "conv"), "bytes": 100, "shards": [1, 2]}
+    put(s, str(newer["file"]), days_old=400)  # an orphan by our rules: a conv file no entry of ours names
+    put(s, f"{newer['file']}.{TAG}.part", days_old=1)  # and a stale temp file of it
+    data = json.loads(s.index_path.read_text())
+    data["entries"]["7" * 16] = newer
+    data["entries"]["8" * 16] = {"file": "whatever", "kind": "", "x": None}  # an empty kind is unknown too
+    s.index_path.write_text(json.dumps(data, indent=1) + "\n")
+    p = run_gc(s, dry_run=False, now=NOW)
+    assert p.applied and sorted(d.fingerprint for d in p.to_delete) == [C, D]  # gc still works
+    assert (s.slot_dir / str(newer["file"])).exists() and (s.slot_dir / f"{newer['file']}.{TAG}.part").exists()
+    after = json.loads(s.index_path.read_text())["entries"]
+    assert after["7" * 16] == newer and after["8" * 16] == data["entries"]["8" * 16] and C not in after
+    planned = DiskFile(str(newer["file"]), 100, NOW - 400 * DAY)
+    assert "does not know" in str(_still_deletable(s.slot_dir / planned.name, planned, current=set(),
+                                                   alive=pid_alive, foreign={planned.name}))

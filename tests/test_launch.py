@@ -13,9 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.launch import Flag, build_advice, build_argv, supported_options
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
+
+from .helpers import SUITE_WAIT_S
 
 
 def alive(pid: int) -> bool:
@@ -27,7 +30,16 @@ def alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
-def wait_for(predicate, timeout: float = 60.0) -> None:
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now (not yet listening: False)."""
+    try:
+        return loopback.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for(predicate, timeout: float = SUITE_WAIT_S) -> None:
+    """Until ``predicate()``, within the suite's bound (helpers.SUITE_WAIT_S): the event, not a guess of its time."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -53,8 +65,8 @@ def test_launch_starts_both_and_sigterm_stops_both(models, tmp_path: Path) -> No
         server_pid = info["pid"]
         assert "--slot-save-path" in info["argv"] and "--checkpoint-min-step" in info["argv"]
         assert info["argv"][-2:] == ["-c", "8192"]
-        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{daemon_port}/health").status_code == 200)
+        assert loopback.get(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
+        wait_for(lambda: answers(f"http://127.0.0.1:{daemon_port}/health"))  # the daemon may start after the server
         assert alive(server_pid) and alive(launcher.pid)
 
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -62,11 +74,11 @@ def test_launch_starts_both_and_sigterm_stops_both(models, tmp_path: Path) -> No
         assert f"already running on port {port} (pid {launcher.pid})" in second.stderr.replace("\n", " ")
 
         launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=30) == 0
-        wait_for(lambda: not alive(server_pid), timeout=15)
+        assert launcher.wait(timeout=SUITE_WAIT_S) == 0
+        wait_for(lambda: not alive(server_pid))
         assert not runtime.exists()
         with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{daemon_port}/health", timeout=1)
+            loopback.get(f"http://127.0.0.1:{daemon_port}/health", timeout=1)
     finally:
         if launcher.poll() is None:
             stop_group(launcher, grace=5)
@@ -110,10 +122,61 @@ def test_a_killed_launcher_leaves_no_server_behind(models, tmp_path: Path) -> No
         wait_for(runtime.exists)
         server_pid = json.loads(runtime.read_text())["pid"]
         launcher.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
-        launcher.wait(timeout=10)
-        wait_for(lambda: not alive(server_pid), timeout=15)
+        launcher.wait(timeout=SUITE_WAIT_S)
+        wait_for(lambda: not alive(server_pid))
     finally:
         if launcher.poll() is None:
             stop_group(launcher, grace=5)
         if server_pid is not None and alive(server_pid):  # the orphan, if the feature failed
             os.kill(server_pid, signal.SIGKILL)
+
+
+STUB_SERVER = '''#!{python}
+"""A stand-in llama-server: --version, --help, and a /health that answers 200 on --port."""
+import http.server, os, pathlib, sys
+args = sys.argv[1:]
+if "--version" in args:
+    sys.stderr.write("version: 9999 (stub)\\n")
+    sys.exit(0)
+if "--help" in args:
+    print("--host --port --slot-save-path -np --parallel --ctx-checkpoints --checkpoint-min-step -ub --cache-ram --metrics")
+    sys.exit(0)
+pathlib.Path(os.environ["STUB_STARTED"]).write_text(" ".join(args))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Health).serve_forever()
+'''
+
+
+@pytest.mark.parametrize(("name", "value"), [("OC_PREFIX_CACHE_DAEMON_PORT", "70000"),
+                                             ("OC_PREFIX_CACHE_PROXY_PORT", "65536"),
+                                             ("OC_PREFIX_CACHE_MAX_GB", "1e300")])
+def test_launch_refuses_bad_settings_before_it_starts_llama_server(tmp_path: Path, name: str, value: str) -> None:
+    """OC_PREFIX_CACHE_DAEMON_PORT=70000 passed the settings, `ocpc launch` started llama-server,
+    and the daemon's bind died with an OverflowError traceback that tore the server down. Now
+    the setting is refused first, in one line that names it: nothing is started."""
+    stub = tmp_path / "llama-server"
+    stub.write_text(STUB_SERVER.format(python=sys.executable))
+    stub.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"not a model")
+    started = tmp_path / "started"
+    env = {**os.environ, "STUB_STARTED": str(started), name: value}
+    cmd = [sys.executable, "-m", "oc_prefix_cache", "launch", "--server-bin", str(stub), "-m", str(model),
+           "--port", str(free_port())]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, start_new_session=True)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and name in said and "Traceback" not in said, said
+    assert not started.exists(), "llama-server was started before the settings were checked"
+
+
+def test_launch_refuses_a_server_port_out_of_range(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "launch", "--port", "70000"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--port" in done.stderr and "65535" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -21,11 +21,14 @@ from typing import Any
 import httpx
 import pytest
 
-from oc_prefix_cache import __version__
+from oc_prefix_cache import __version__, loopback
 from oc_prefix_cache.install import plugin_version
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 from oc_prefix_cache.rig import Rig
+
+from .helpers import SUITE_WAIT_S
+from .proxy_stub import PROXY_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "plugin-js" / "ocpc-plugin.js"
@@ -185,7 +188,9 @@ def test_wheel_in_a_fresh_venv_installs_checks_and_uninstalls(fresh_venv: FreshV
 def test_wheel_in_a_fresh_venv_launches(fresh_venv: FreshVenv, rig: Rig, models: dict[str, Path]) -> None:
     v = fresh_venv
     port = free_port()
-    env = {**v.env, "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{port}"}
+    # the run's proxy stub too (tests/proxy_stub.py): the installed ocpc must reach its server directly
+    env = {**v.env, **{k: os.environ[k] for k in PROXY_VARS if k in os.environ},
+           "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{port}"}
     log = v.cwd / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen(
@@ -194,10 +199,10 @@ def test_wheel_in_a_fresh_venv_launches(fresh_venv: FreshVenv, rig: Rig, models:
             env=env, cwd=v.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         daemon = f"http://127.0.0.1:{env['OC_PREFIX_CACHE_DAEMON_PORT']}/health"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + SUITE_WAIT_S
         while time.monotonic() < deadline and launcher.poll() is None:
             try:
-                if httpx.get(daemon, timeout=1).status_code == 200:
+                if loopback.get(daemon, timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)

@@ -13,8 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
+
+from .helpers import wait_until
 
 # `alone`: both tests read every llama-server on this machine, so tests/run.sh runs them after the
 # parallel run (pytest-xdist), with no other test's server beside them.
@@ -48,13 +51,14 @@ def test_install_and_the_proxy_find_a_server_on_a_port_of_its_own(llama_server: 
         proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "proxy", "--port", str(proxy_port)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for _ in range(100):
+        def up() -> bool:  # answering (it said which server before it listened), or gone: its log says why
             try:
-                if httpx.get(f"http://127.0.0.1:{proxy_port}/health", timeout=0.5).status_code == 200:
-                    break
+                return proc.poll() is not None or loopback.get(f"http://127.0.0.1:{proxy_port}/health",
+                                                               timeout=5).status_code == 200
             except httpx.HTTPError:
-                pass
-            proc.wait(timeout=0.1) if proc.poll() is not None else None
+                return False
+
+        wait_until(up, what="the proxy did not start")
         said = " ".join(log.read_text().split())  # the console wraps its line
         assert f"for llama-server {server.url} (a llama-server process" in said, said
     finally:

@@ -32,11 +32,13 @@ from .helpers import (
     PROJ_A,
     PROJ_A_TURN2,
     PROJ_B,
+    SUITE_WAIT_S,
     TITLE,
     UA,
     capture,
     capture_bytes,
     chat,
+    wait_until,
 )
 
 pytestmark = pytest.mark.rig
@@ -428,10 +430,8 @@ def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
         model="m", server_build="b", harness="h")))
     warmed = rig.prepare(PROJ_A)
     assert warmed.action == "warmed"
-    for _ in range(100):  # gc runs off the request path, just after the save
-        if not old_file.exists() and old_fp not in rig.store.load().entries:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: not old_file.exists() and old_fp not in rig.store.load().entries,  # gc runs off the
+               what="the gc after the save did not remove the old head")  # request path, just after the save
     assert not old_file.exists() and stranger.exists()
     assert (rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin").exists()
     assert [k for k, e in rig.store.load().entries.items() if e.kind == "head"] == [warmed.fingerprint]
@@ -574,7 +574,7 @@ def slot_held(rig: Any, *, for_s: float) -> Iterator[None]:
 
     holder = threading.Thread(target=hold)
     holder.start()
-    held.wait(5)
+    assert held.wait(SUITE_WAIT_S), "the slot's lock was not taken"
     try:
         yield
     finally:
@@ -620,7 +620,7 @@ def test_a_held_index_lock_does_not_hold_up_a_prepare_past_its_budget(prep) -> N
 
     holder = threading.Thread(target=hold)
     holder.start()
-    holding.wait(5)
+    assert holding.wait(SUITE_WAIT_S), "the index lock was not taken"
     started = time.monotonic()
     result = rig.prepare(PROJ_A, session="ses_a", **{"x-ocpc-budget-ms": "20000"})
     took = time.monotonic() - started
@@ -670,7 +670,7 @@ class BarrierTransport(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if "action=save" in str(request.url) and not self.waited:
             self.waited = True
-            self.barrier.wait(30)
+            self.barrier.wait(SUITE_WAIT_S)  # the other server's save: its warm may be slow on a loaded machine
         return super().handle_request(request)
 
 

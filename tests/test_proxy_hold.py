@@ -12,6 +12,8 @@ from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.errors import LockTimeout
 from oc_prefix_cache.tracker import SlotTracker
 
+from .helpers import SUITE_WAIT_S
+
 SERVER = "http://127.0.0.1:1"
 
 
@@ -32,7 +34,7 @@ def test_a_hold_is_reentered_inside_and_excludes_everyone_else(tmp_path: Path, l
     got: list[float] = []
 
     def other() -> None:
-        with tracker.slot_lock(SERVER, 0, deadline=Deadline.after(5)):
+        with tracker.slot_lock(SERVER, 0, deadline=Deadline.after(SUITE_WAIT_S)):  # until the release
             got.append(time.monotonic())
 
     thread = threading.Thread(target=other)
@@ -41,7 +43,7 @@ def test_a_hold_is_reentered_inside_and_excludes_everyone_else(tmp_path: Path, l
     assert not got
     released = time.monotonic()
     threading.Thread(target=hold.release).start()  # released from another thread, as the proxy does
-    thread.join(5)
+    thread.join(SUITE_WAIT_S)
     assert got and got[0] >= released
     hold.release()  # twice: nothing
 

@@ -14,9 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
+from .helpers import SUITE_WAIT_S
 from .test_launch import wait_for
 
 pytestmark = pytest.mark.rig
@@ -30,14 +32,14 @@ def launch(models: Any, tmp_path: Path, proxy_port: int) -> tuple[subprocess.Pop
         proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m",
                                  str(models["qwen35"]), "--", "-c", "4096"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for(lambda: "ready:" in log.read_text() or proc.poll() is not None, timeout=120)
+    wait_for(lambda: "ready:" in log.read_text() or proc.poll() is not None)
     return proc, port, daemon_port, log
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=SUITE_WAIT_S) == 0
     finally:
         if proc.poll() is None:
             stop_group(proc, grace=5)
@@ -50,18 +52,18 @@ def test_launch_serves_the_proxy_beside_the_daemon(models: Any, tmp_path: Path) 
         ready = next(line for line in log.read_text().splitlines() if "ready:" in line)
         assert f"ocpc proxy on http://127.0.0.1:{proxy_port}" in ready  # one line, grep-able
         proxy = f"http://127.0.0.1:{proxy_port}"
-        assert httpx.get(f"{proxy}/health", timeout=5).json()["status"] == "ok"  # passed through
-        answer = httpx.post(f"{proxy}/v1/chat/completions", timeout=60,
-                            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert loopback.get(f"{proxy}/health", timeout=5).json()["status"] == "ok"  # passed through
+        answer = loopback.post(f"{proxy}/v1/chat/completions", timeout=60,
+                               json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert answer.status_code == 200 and "timings" in answer.json()
-        status = httpx.get(f"{proxy}/ocpc/status", timeout=5).json()
+        status = loopback.get(f"{proxy}/ocpc/status", timeout=5).json()
         assert status["server"] == f"http://127.0.0.1:{port}" and status["counters"]["prepare:skipped"] == 1
-        daemon = httpx.get(f"http://127.0.0.1:{daemon_port}/v1/status", timeout=5).json()
+        daemon = loopback.get(f"http://127.0.0.1:{daemon_port}/v1/status", timeout=5).json()
         assert daemon["daemon"]["counters"]["skipped"] == 1  # one Preparer: the proxy's prepare shows there too
     finally:
         stop(proc)
     with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{proxy_port}/health", timeout=1)
+        loopback.get(f"http://127.0.0.1:{proxy_port}/health", timeout=1)
 
 
 def test_a_proxy_that_cannot_start_does_not_take_down_the_server_and_daemon(models: Any, tmp_path: Path) -> None:
@@ -75,7 +77,7 @@ def test_a_proxy_that_cannot_start_does_not_take_down_the_server_and_daemon(mode
             said = next(line for line in text.splitlines() if "the ocpc proxy did not start" in line)
             assert f"127.0.0.1:{proxy_port}" in said, text
             assert "ready: llama-server pid" in text and proc.poll() is None
-            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-            assert httpx.get(f"http://127.0.0.1:{daemon_port}/health", timeout=5).status_code == 200
+            assert loopback.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+            assert loopback.get(f"http://127.0.0.1:{daemon_port}/health", timeout=5).status_code == 200
         finally:
             stop(proc)

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from .helpers import PROJ_A, PROJ_B, UA, capture
+from .helpers import PROJ_A, PROJ_B, SUITE_WAIT_S, UA, capture
 from .test_proxy import proxy_for  # noqa: F401  (fixture)
 from .test_proxy import post
+from oc_prefix_cache import loopback
 from oc_prefix_cache.proxy import Bounds
 
 pytestmark = pytest.mark.rig
@@ -82,14 +82,14 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_servers_task(llama_serve
     proxy = proxy_for(server.url)
     body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 3000,
             "temperature": 0, "ignore_eos": True}
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=60) as response:
         chunks = response.iter_raw()
         for _ in range(3):
             next(chunks)
     started = time.monotonic()
     idle = False
-    while time.monotonic() - started < 10:
-        slot = httpx.get(server.url + "/slots", timeout=5).json()[0]
+    while time.monotonic() - started < SUITE_WAIT_S:  # uncancelled, its 3000 tokens end too: the count tells
+        slot = loopback.get(server.url + "/slots", timeout=5).json()[0]
         if not slot["is_processing"]:
             idle = True
             break
@@ -110,7 +110,7 @@ def test_the_servers_own_errors_come_back_unchanged(llama_server: Any, proxy_for
     proxy = proxy_for(server.url)
     for raw, path in ((b"{garbage", "/v1/chat/completions"), (b'{"messages": 3}', "/v1/chat/completions"),
                       (b"[1, 2]", "/v1/messages"), (b'{"model": "m"}', "/v1/messages")):
-        direct = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+        direct = loopback.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
         through = post(proxy.url, raw, path=path)
         assert (through.status_code, through.content) == (direct.status_code, direct.content), (raw, through.text)
         assert through.status_code >= 400
@@ -129,7 +129,7 @@ def test_anthropic_answers_through_the_proxy_equal_the_servers_own(llama_server:
     headers = {"user-agent": "claude-cli/2.1.332 (external, sdk-cli)", "x-claude-code-session-id": "s1"}
     answers = []
     for url in (server.url, proxy.url):
-        httpx.post(f"{server.url}/slots/0?action=erase", timeout=30)
+        loopback.post(f"{server.url}/slots/0?action=erase", timeout=30)
         response = post(url, body, path="/v1/messages?beta=true", headers=headers, timeout=120)
         assert response.status_code == 200, response.text
         answers.append(re.sub(rb'"(id)":"[^"]*"', b'"id":"X"', response.content))
@@ -148,16 +148,44 @@ def test_a_plugin_prepare_waits_for_the_proxys_held_slot_then_fails_open(llama_s
     proxy = proxy_for(server.url)
     body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 4000,
             "ignore_eos": True}
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as response:
+    with loopback.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as response:
         chunks = response.iter_raw()
         next(chunks)  # the answer is streaming: the proxy holds the slot
         started = time.monotonic()
         result = proxy.proxy.preparer.prepare(json.dumps(capture(PROJ_A)).encode(), {"user-agent": UA},
                                               deadline=Deadline.after(3.0))
         waited = time.monotonic() - started
-        still = httpx.get(server.url + "/slots", timeout=5).json()[0]["is_processing"]
+        still = loopback.get(server.url + "/slots", timeout=5).json()[0]["is_processing"]
         assert sum(1 for _ in zip(range(20), chunks)) == 20  # the answer still flows
     assert still, f"the answer ended before the prepare waited ({result}, {waited:.2f} s): the test proved nothing"
     # it failed open within its own budget (waiting for the held slot, or for a server busy with the
     # stream it serves), and changed nothing under the proxy's answer, which went on
     assert result.action == "failed" and waited < 4.0, (result, waited)
+
+
+def test_a_server_restarted_with_fewer_slots_never_gets_a_request_pinned_past_its_last(
+        llama_server: Any, proxy_for: Any) -> None:  # noqa: F811
+    """Issue 36, defect 8: the slot count was trusted for 30 s. A server restarted with fewer
+    slots wraps an ``id_slot`` past its last (b11434), so a conversation that had slot 3 was
+    pinned to "3" and ran in slot 1, over the conversation there, unparked. A restart ends what
+    the proxy believed of the slot count."""
+    server = llama_server("qwen3", ctx_size=4 * 16384, parallel=4, extra_args=END_AT_ONCE)
+    proxy = proxy_for(server.url)  # the default bound: the count would be trusted for 30 s
+    sessions = [f"ses-{i}" for i in range(4)]
+    body = capture(PROJ_A)
+
+    def send(session: str, n: int) -> dict[str, Any]:
+        response = post(proxy.url, turn(body, n), headers={"user-agent": UA, "x-session-id": session}, timeout=300)
+        assert response.status_code == 200 and b'"timings"' in response.content
+        return dict(proxy.status()["recent"][-1])
+
+    first = {session: send(session, 1)["slot"] for session in sessions}
+    assert sorted(first.values()) == [0, 1, 2, 3], first
+    server.config = type(server.config)(**{**server.config.__dict__, "parallel": 2})
+    server.restart()
+    after = [send(session, 2) for session in sorted(sessions, key=lambda s: first[s])]  # slot 0's first, slot 3's last
+    print("\n" + "\n".join(json.dumps({k: r[k] for k in ("conversation", "slot", "rule", "action", "cache_n",
+                                                          "prompt_n")}) for r in after))
+    assert all(r["slot"] in (0, 1) for r in after), after  # never pinned past the server's last slot
+    slots = loopback.get(f"{server.url}/slots", timeout=10).json()
+    assert len(slots) == 2

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.anthropic import TranslationError
 from oc_prefix_cache.harness import CodexAdapter, Incoming
 from oc_prefix_cache.relay import learn
@@ -81,7 +82,7 @@ def server_prompt(url: str, log_dir: Path, body: dict[str, Any]) -> tuple[httpx.
     """POST to /v1/responses and read back the prompt the server logged for it (if it rendered one)."""
     for old in log_dir.iterdir():
         old.unlink()
-    response = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+    response = loopback.post(f"{url}/v1/responses", json=body, timeout=60)
     logged = sorted(log_dir.iterdir())
     return response, logged[0].read_text() if logged else None
 
@@ -105,12 +106,12 @@ def test_the_servers_own_rendering_of_a_responses_request_is_the_prepared_chat_b
     codex = CodexAdapter()
     for name, raw in (("A1", codex_body("A1")), ("B1", codex_body("B1")), ("A1 later turn", later)):
         refused, _ = server_prompt(server.url, log_dir, raw)  # as Codex sends it: two system messages
-        as_chat = httpx.post(f"{server.url}/apply-template", json=prepared(raw), timeout=30)
+        as_chat = loopback.post(f"{server.url}/apply-template", json=prepared(raw), timeout=30)
         assert refused.status_code == as_chat.status_code == 500, name
         assert "System message must be at the beginning" in refused.text and refused.json() == as_chat.json(), name
         body, _ = codex.normalise(Incoming(api="responses", headers={}, body=raw))
         _, theirs = server_prompt(server.url, log_dir, body)
-        ours = httpx.post(f"{server.url}/apply-template", json=prepared(body), timeout=30)
+        ours = loopback.post(f"{server.url}/apply-template", json=prepared(body), timeout=30)
         assert theirs is not None and ours.status_code == 200, name
         assert ours.json()["prompt"] == theirs, name
 
@@ -119,9 +120,9 @@ def test_the_servers_own_rendering_of_a_responses_request_is_the_prepared_chat_b
 def test_a_responses_request_runs_on_the_slot_its_id_slot_names(llama_server: Any) -> None:
     server = llama_server("qwen35", ctx_size=8192, parallel=2)
     body = {"model": "m", "input": "count to three", "max_output_tokens": 4, "id_slot": 1}
-    answer = httpx.post(f"{server.url}/v1/responses", json=body, timeout=120)
+    answer = loopback.post(f"{server.url}/v1/responses", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
-    slots = {s["id"]: Observation.of(s) for s in httpx.get(f"{server.url}/slots", timeout=10).json()}
+    slots = {s["id"]: Observation.of(s) for s in loopback.get(f"{server.url}/slots", timeout=10).json()}
     assert slots[1].n_tokens and not slots[0].n_tokens, slots  # b11434 keeps id_slot through its conversion
     learned = learn(answer.content)
     assert learned is not None and learned.cache_n + learned.prompt_n > 0  # usage read from the whole answer

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from oc_prefix_cache import ahead
+from oc_prefix_cache import ahead, loopback
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.proxy_server import ProxyServer, build_proxy
@@ -22,7 +21,7 @@ from oc_prefix_cache.server_info import child_process
 from oc_prefix_cache.settings import Settings
 
 from . import workload
-from .helpers import TEST_SERVER_ARGS, chat
+from .helpers import SUITE_WAIT_S, TEST_SERVER_ARGS, chat
 from .test_parking import MARKUP
 
 pytestmark = pytest.mark.rig
@@ -31,7 +30,7 @@ FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512
 
 
 def model_status(url: str) -> dict[str, str]:
-    data = httpx.get(f"{url}/models", timeout=10).json()
+    data = loopback.get(f"{url}/models", timeout=10).json()
     return {m["id"]: m["status"]["value"] for m in data["data"]}
 
 
@@ -80,7 +79,7 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
         second = turn("A2", a)
         assert second["cache_n"] >= first["cache_n"] + first["prompt_n"] - MARKUP, rows  # the slot kept A
         a_state = front.proxy_for("qwen35").preparer
-        deadline = time.monotonic() + ahead.IDLE_S + 30  # A sits idle: parked ahead by the watch
+        deadline = time.monotonic() + ahead.IDLE_S + SUITE_WAIT_S  # A sits idle: parked ahead by the watch
         while not a_state.stats.counters.get("parked_ahead") and time.monotonic() < deadline:
             time.sleep(0.25)
         assert a_state.stats.counters.get("parked_ahead", 0) >= 1, a_state.stats.counters
@@ -97,7 +96,7 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
         print("\n" + "\n".join(json.dumps(r) for r in rows))
         assert back["status"]["qwen35"] == "loaded"
         assert back["prompt_n"] <= total - prompt_before + MARKUP, rows  # only the new tokens
-        statuses = httpx.get(f"{proxy.url}/ocpc/status", timeout=10).json()["models"]
+        statuses = loopback.get(f"{proxy.url}/ocpc/status", timeout=10).json()["models"]
         assert set(statuses) >= {"qwen35", "gemma3", "qwen3"}
         assert all("#model=" in statuses[m]["server"] for m in ("qwen35", "gemma3", "qwen3")), statuses
     finally:
@@ -130,17 +129,17 @@ def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: 
                                      "--port", str(port), "--", "-c", "8192", *TEST_SERVER_ARGS],
                                     env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: "ready: llama-server" in log.read_text(), timeout=120)
+        wait_for(lambda: "ready: llama-server" in log.read_text())
         headers, body = capture(Path(__file__).parent / "data" / "pi-0.73.1" / "A1.json")
-        answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
-                            json={**body, "model": "qwen3", "max_tokens": 2})
+        answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
+                               json={**body, "model": "qwen3", "max_tokens": 2})
         assert answer.status_code == 200, answer.text[:300]
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()["models"]
-                 .get("qwen3", {}).get("recent"), timeout=30)
-        status = httpx.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()
+        wait_for(lambda: loopback.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()["models"]
+                 .get("qwen3", {}).get("recent"))
+        status = loopback.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()
         assert status["models"]["qwen3"]["recent"][-1]["action"] == "warmed", status
         launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=60) == 0
+        assert launcher.wait(timeout=SUITE_WAIT_S) == 0
     finally:
         if launcher.poll() is None:
             stop_group(launcher, grace=5)
@@ -190,14 +189,14 @@ def send(proxy_url: str, conv: workload.Conversation) -> tuple[dict[str, Any], A
     sent.pop("stream_options", None)
 
     def recent() -> list[dict[str, Any]]:
-        models = httpx.get(f"{proxy_url}/ocpc/status", timeout=10).json()["models"]
+        models = loopback.get(f"{proxy_url}/ocpc/status", timeout=10).json()["models"]
         return list(models.get(sent["model"], {}).get("recent") or [])
 
     seen = len(recent())
-    answer = httpx.post(f"{proxy_url}/v1/chat/completions", json=sent, headers=conv.headers(), timeout=300)
+    answer = loopback.post(f"{proxy_url}/v1/chat/completions", json=sent, headers=conv.headers(), timeout=300)
     assert answer.status_code == 200, answer.text[:300]
     timings = answer.json()["timings"]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + SUITE_WAIT_S  # the report is recorded after the answer, in a worker
     while time.monotonic() < deadline:
         now = recent()
         if len(now) > seen:
@@ -206,7 +205,7 @@ def send(proxy_url: str, conv: workload.Conversation) -> tuple[dict[str, Any], A
     raise AssertionError(f"no report of {conv.session}'s turn")
 
 
-def wait_for(check: Any, what: str, timeout: float = 60) -> Any:
+def wait_for(check: Any, what: str, timeout: float = SUITE_WAIT_S) -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         found = check()
@@ -266,7 +265,7 @@ def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_s
         assert loader["action"] in ("restored", "warmed") and loader["cache_n"] >= 0.9 * loader["prefix"], rows
         known, argv = qwen35.tracker.argv(qwen35.server)
         assert known and argv and "--models-dir" in argv  # the router's flags, for the fingerprint
-        entry = next(m for m in httpx.get(f"{url}/models", timeout=10).json()["data"] if m["id"] == "qwen35")
+        entry = next(m for m in loopback.get(f"{url}/models", timeout=10).json()["data"] if m["id"] == "qwen35")
         child = child_process(entry)
         assert child is not None and qwen35.tracker.process(qwen35.server) == child  # the load's own witness
         nxt = turn("ses_4 (next session)", session("ses_4"))
@@ -275,7 +274,7 @@ def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_s
 
         evict()
         before = qwen35.stats.counters.get("warm_start", 0)
-        httpx.post(f"{url}/models/load", json={"model": "qwen35"}, timeout=60).raise_for_status()  # another client
+        loopback.post(f"{url}/models/load", json={"model": "qwen35"}, timeout=60).raise_for_status()  # another client
         wait_for(lambda: qwen35.stats.counters.get("warm_start", 0) >= before + 2, "both slots warmed")
         first = turn("ses_5 (after another client's load)", session("ses_5"))
         assert first["action"] == "hit" and first["cache_n"] >= 0.9 * first["prefix"], rows

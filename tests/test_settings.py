@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from oc_prefix_cache.errors import ConfigError
+from oc_prefix_cache.gc import GB
 from oc_prefix_cache.settings import ENV_VARS, Settings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -74,3 +79,54 @@ def test_every_variable_is_documented_with_its_default() -> None:
     assert set(ENV_VARS) <= set(rows)
     for name in NUMBERS + ("OC_PREFIX_CACHE_KEEP_RECENT",):
         assert rows[name].strip() == f"`{ENV_VARS[name][0]}`", name
+
+
+PORTS = ("OC_PREFIX_CACHE_DAEMON_PORT", "OC_PREFIX_CACHE_PROXY_PORT")
+WHOLE = ("OC_PREFIX_CACHE_SLOT", "OC_PREFIX_CACHE_KEEP_RECENT", "OC_PREFIX_CACHE_PARK_MIN_TOKENS")
+EVERY_NUMBER = (*PORTS, *WHOLE, *NUMBERS, "OC_PREFIX_CACHE_PARK_AHEAD_S")
+
+
+@pytest.mark.parametrize(("name", "value", "needle"), [
+    ("OC_PREFIX_CACHE_DAEMON_PORT", "70000", "1 to 65535"), ("OC_PREFIX_CACHE_PROXY_PORT", "65536", "1 to 65535"),
+    ("OC_PREFIX_CACHE_DAEMON_PORT", "0", "1 to 65535"), ("OC_PREFIX_CACHE_PROXY_PORT", "-1", "1 to 65535"),
+    ("OC_PREFIX_CACHE_DAEMON_PORT", "http", "not a TCP port"), ("OC_PREFIX_CACHE_SLOT", str(2**31), "too large"),
+    ("OC_PREFIX_CACHE_MAX_GB", "1e300", "too large"), ("OC_PREFIX_CACHE_PARK_MAX_GB", "1e7", "too large"),
+    ("OC_PREFIX_CACHE_TTL_DAYS", "1e9", "too large"), ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "1e12", "too large"),
+    ("OC_PREFIX_CACHE_PARK_AHEAD_S", "soon", "seconds"), ("OC_PREFIX_CACHE_PARK_AHEAD_S", "1e6", "too large"),
+])
+def test_numbers_out_of_range_are_refused_with_what_to_give(name: str, value: str, needle: str) -> None:
+    """A daemon port of 70000 once passed here and crashed the bind with an OverflowError after
+    `ocpc launch` had started llama-server; MAX_GB=1e300 overflowed gc's byte count to infinity."""
+    with pytest.raises(ConfigError, match=needle) as info:
+        Settings.from_env({name: value})
+    assert name in str(info.value) and "default" in str(info.value)
+
+
+raw_numbers = st.one_of(
+    st.text(max_size=24),
+    st.integers(min_value=-(10**40), max_value=10**40).map(str),
+    st.floats().map(repr),
+    st.floats(allow_nan=False).map(lambda f: f"{f:g}"),
+    st.sampled_from(["0", "1", "65535", "65536", "70000", "2147483647", "2147483648", "off", "OFF", " none ",
+                     "nan", "inf", "-inf", "1e400", "-0", " 8 ", "1_000", "0x10", "1e-400", "9" * 5000, "٣"]),
+)
+
+
+@given(st.dictionaries(st.sampled_from(EVERY_NUMBER), raw_numbers, max_size=len(EVERY_NUMBER)))
+@hyp_settings(max_examples=600)
+def test_every_numeric_setting_is_in_range_or_a_config_error(env: dict[str, str]) -> None:
+    """Whatever the numbers, from_env gives settings that every user of them can take (a port
+    a socket binds, sizes gc can count in bytes, finite ages) or a ConfigError naming a
+    variable it was given: never another exception, and never a value that fails later."""
+    try:
+        s = Settings.from_env(env)
+    except ConfigError as exc:
+        assert any(name in str(exc) for name in env), exc
+        return
+    assert all(1 <= port <= 65535 for port in (s.daemon_port, s.proxy_port))
+    assert all(0 <= n <= 2**31 - 1 for n in (s.slot, s.keep_recent, s.park_min_tokens))
+    assert all(math.isfinite(x) and x >= 0 for x in (s.ttl_days, s.park_ttl_hours))
+    assert math.isfinite(s.ttl_days * 86400.0) and math.isfinite(s.park_ttl_hours * 3600.0)
+    for size in (s.max_gb, s.park_max_gb):
+        assert size is None or (0 < size and isinstance(round(size * GB), int))
+    assert s.park_ahead_s is None or (math.isfinite(s.park_ahead_s) and s.park_ahead_s > 0)

@@ -15,6 +15,8 @@ import pytest
 
 from oc_prefix_cache.process import pid_alive
 
+from .helpers import SUITE_WAIT_S
+
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
 HOLDS_A_SERVER = '''
@@ -38,17 +40,17 @@ def test_a_run_stopped_by_sigterm_stops_the_servers_its_tests_started(tmp_path: 
                             str(child)], cwd=child.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server_pid = 0
     try:
-        end = time.monotonic() + 120
+        end = time.monotonic() + SUITE_WAIT_S
         while not pid_file.exists() or not pid_file.read_text():
             assert run.poll() is None, run.communicate()[0].decode()  # the child run ended early: why
-            assert time.monotonic() < end, "the child run started no server in 120 s"
+            assert time.monotonic() < end, f"the child run started no server in {SUITE_WAIT_S:g} s"
             time.sleep(0.2)
         server_pid = int(pid_file.read_text())
         assert pid_alive(server_pid)
         run.send_signal(signal.SIGTERM)
-        out, _ = run.communicate(timeout=60)
+        out, _ = run.communicate(timeout=SUITE_WAIT_S)
         assert run.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
-        end = time.monotonic() + 5
+        end = time.monotonic() + SUITE_WAIT_S
         while pid_alive(server_pid) and time.monotonic() < end:
             time.sleep(0.1)
         assert not pid_alive(server_pid), "the server outlived the run that started it"

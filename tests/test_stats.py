@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.events import Event, EventLog, read_events
 from oc_prefix_cache.proxy import Proxy
 from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
@@ -22,6 +22,7 @@ from oc_prefix_cache.settings import Settings
 from oc_prefix_cache.slot_client import SlotClient
 from oc_prefix_cache.stats import bars, gather, summarise, total
 
+from .helpers import SUITE_WAIT_S
 from .test_e2e_claude_code import END_AT_ONCE
 from .test_proxy import capture
 
@@ -77,9 +78,9 @@ def test_stats_match_the_servers_own_metrics_over_a_replayed_session(llama_serve
     try:
         for name in ("A1", "A2-continue", "A2"):
             headers, body = capture(DATA / "pi-0.73.1" / f"{name}.json")
-            answer = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+            answer = loopback.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
             assert answer.status_code == 200, answer.text[:300]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + SUITE_WAIT_S
         while len([e for e in read_events(settings.log_dir) if e.door == "proxy"]) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)  # the report is written after the answer, in a worker
     finally:

@@ -66,7 +66,11 @@ def status(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_healthy_setup(llama_server, pointed_at) -> None:
+def test_healthy_setup(llama_server, pointed_at, monkeypatch) -> None:
+    # behind the run's proxy stub (conftest.py), as a user's setup is healthy: NO_PROXY keeps the
+    # agents on 127.0.0.1 (ocpc's own calls ignore the variables either way: tests/test_loopback.py)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
     server = llama_server("qwen35", extra_args=("--checkpoint-min-step", "1024"))
     daemon = pointed_at(server.url)
     assert runner.invoke(app, ["install", "--base-url", server.url]).exit_code == 0
@@ -76,7 +80,7 @@ def test_healthy_setup(llama_server, pointed_at) -> None:
     states = checks(data)
     assert code == 0 and data["ok"], data
     assert states["server"] == states["slot-save-path"] == states["checkpoint-min-step"] == "ok"
-    assert states["opencode"] == states["daemon"] == states["index"] == states["slots"] == "ok"
+    assert states["opencode"] == states["daemon"] == states["index"] == states["slots"] == states["proxy-env"] == "ok"
     assert states["build"] == "warn"  # an sdist build with a hybrid model: said, not broken
     template = next(c for c in data["checks"] if c["name"] == "template")
     assert "head 7,145 tokens" in template["detail"] and "of which tools" in template["detail"]

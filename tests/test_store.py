@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 import threading
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from oc_prefix_cache.errors import IndexCorrupt, SlotFileError
 from oc_prefix_cache.gates import (
@@ -18,7 +24,7 @@ from oc_prefix_cache.gates import (
     served_from_head,
 )
 from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
-from oc_prefix_cache.store import Entry, Index, Store, UsageLog
+from oc_prefix_cache.store import KINDS, Entry, Index, Store, UsageLog
 
 
 def make_store(tmp_path: Path) -> Store:
@@ -161,3 +167,71 @@ def test_gates() -> None:
     assert served_from_head(cache_n=7145, prefix_tokens=7145) and not served_from_head(cache_n=0, prefix_tokens=7145)
     assert build_number("b11434-abc") == 11434 and build_number("b0-unknown") is None
     assert has_checkpoint_files("b11500") and not has_checkpoint_files("b0-unknown")
+
+
+# --- entries of kinds this ocpc does not know (a newer version's, read after a downgrade) ---
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8)
+unknown_kinds = st.text(max_size=12).filter(lambda k: k not in KINDS)
+
+
+@st.composite
+def foreign_entries(draw: st.DrawFn) -> dict[str, Any]:
+    """An entry of an unknown kind: any fields (a file or not, any types), its kind anywhere."""
+    fields = draw(st.dictionaries(st.text(max_size=10).filter(lambda k: k != "kind"), json_values, max_size=6))
+    if draw(st.booleans()):
+        fields["file"] = draw(st.sampled_from([f"oc-conv-{'e' * 16}.bin", f"oc-prefix-{'d' * 16}.bin",
+                                               "oc-tier-0123.bin", "../elsewhere", ""]) | st.text(max_size=20))
+    items = list(fields.items())
+    items.insert(draw(st.integers(0, len(items))), ("kind", draw(unknown_kinds)))
+    return dict(items)
+
+
+FP = "0123456789abcdef"
+
+
+@given(st.dictionaries(st.text(max_size=20).filter(lambda k: k != FP), foreign_entries(), min_size=1, max_size=4),
+       st.dictionaries(st.text(max_size=8).filter(lambda k: k not in {f.name for f in fields(Entry)}), json_values,
+                       max_size=2))
+@hyp_settings(max_examples=200, deadline=None)
+def test_entries_of_unknown_kinds_round_trip_byte_for_byte_and_are_never_used(
+        foreign: dict[str, dict[str, Any]], unknown_fields: dict[str, Any]) -> None:
+    """A newer ocpc adds a kind; after a downgrade its entries made the whole index corrupt
+    (parks unreadable, gc off). Now they are kept exactly as written, byte for byte, through
+    every save, and never used: no code sees them in ``entries``."""
+    ours = {**unknown_fields, **entry(FP).to_json()}  # a known entry with fields of a newer version
+    data = {"version": 4, "entries": dict(sorted({**foreign, FP: ours}.items())),
+            "current": {"http://x#slot0": FP}, "current_seen": {}}
+    text = json.dumps(data, indent=1) + "\n"  # as an ocpc writes it
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        (path / "index.json").write_text(text, encoding="utf-8")
+        store = make_store(path)
+        index = store.load()
+        assert set(index.entries) == {FP} and index.foreign == foreign
+        store.update(lambda ix: None)
+        assert (path / "index.json").read_text(encoding="utf-8") == text  # byte for byte
+        store.update(lambda ix: setattr(ix.entries[FP], "last_used", 99))
+        after = json.loads((path / "index.json").read_text(encoding="utf-8"))["entries"]
+        assert after[FP]["last_used"] == 99
+        for key, raw in foreign.items():
+            assert json.dumps(after[key], indent=1) == json.dumps(raw, indent=1)
+
+
+def test_an_unknown_kind_is_kept_but_a_known_kind_with_a_wrong_name_is_still_corrupt(tmp_path: Path) -> None:
+    fp = "0123456789abcdef"
+    bad = {**entry(fp).to_json(), "file": "evil.bin"}  # a head that names no head file
+    (tmp_path / "index.json").write_text(json.dumps({"version": 3, "entries": {fp: bad}}))
+    with pytest.raises(IndexCorrupt):
+        make_store(tmp_path).load()
+    newer = {**bad, "kind": "tier2"}
+    (tmp_path / "index.json").write_text(json.dumps({"version": 3, "entries": {fp: newer}}))
+    index = make_store(tmp_path).load()
+    assert index.entries == {} and index.foreign == {fp: newer}
+    assert index.foreign_files() == frozenset({"evil.bin"})
+    index.entries[fp] = entry(fp)  # ours under the same key wins; its file is then not foreign
+    assert index.to_json()["entries"][fp]["kind"] == "head" and index.foreign_files() == frozenset()

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 
-from .helpers import TEST_SERVER_ARGS
+from .helpers import SUITE_WAIT_S, TEST_SERVER_ARGS
 from .test_e2e_claude_code import END_AT_ONCE
 from .test_proxy import capture
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.rig
 DATA = Path(__file__).parent / "data"
 
 
-def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
+def wait_for(check: Any, what: str, timeout: float = SUITE_WAIT_S) -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         found = check()
@@ -63,8 +64,8 @@ def test_top_shows_the_slots_the_requests_and_the_disk(llama_server: Any, tmp_pa
         wait_for(lambda: "no request yet" in pane(), "top's first screen")
         for name in ("A1", "A2-continue", "A2"):
             headers, body = capture(DATA / "pi-0.73.1" / f"{name}.json")
-            answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
-                                timeout=120)
+            answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
+                                   timeout=120)
             assert answer.status_code == 200, answer.text[:300]
         screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 3 and " idle " in text else None)(pane()),
                           "three pi requests, the slot idle again")  # busy a moment after the last answer
@@ -86,7 +87,7 @@ def test_top_shows_the_slots_the_requests_and_the_disk(llama_server: Any, tmp_pa
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=0.5).status_code == 200
+        return loopback.get(url, timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -116,7 +117,7 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
     top_pid = None
 
     def statuses() -> dict[str, str]:
-        data = httpx.get(f"{router}/models", timeout=10).json()
+        data = loopback.get(f"{router}/models", timeout=10).json()
         return {m["id"]: m["status"]["value"] for m in data["data"]}
 
     def ocpc_json(*args: str) -> Any:
@@ -124,7 +125,7 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
                                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout)
 
     try:
-        wait_for(lambda: "ready: llama-server" in log.read_text(), "ocpc launch", timeout=120)
+        wait_for(lambda: "ready: llama-server" in log.read_text(), "ocpc launch")
         subprocess.run([*run, "new-session", "-d", "-x", "130", "-y", "50", "-s", "top",
                         *[a for k, v in env.items() if k.startswith(("OC_PREFIX", "TERM")) for a in ("-e", f"{k}={v}")],
                         f"{sys.executable} -m oc_prefix_cache top --server {router} --interval 0.5"],
@@ -137,8 +138,8 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
         assert "2 models, 0 loaded" in first and "qwen35 (unloaded)" in first, first
         for model in ("qwen35", "qwen3"):
             headers, body = capture(DATA / "pi-0.73.1" / "A1.json")
-            answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
-                                json={**body, "model": model, "max_tokens": 2})
+            answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
+                                   json={**body, "model": model, "max_tokens": 2})
             assert answer.status_code == 200, answer.text[:300]
         assert statuses() == {"qwen35": "unloaded", "qwen3": "loaded"}
         screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 2 and "[daemon]" in text else None)(
@@ -179,7 +180,7 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
         subprocess.run([*run, "kill-server"], check=False, timeout=10)
         launcher.send_signal(signal.SIGTERM)
         try:
-            launcher.wait(timeout=60)
+            launcher.wait(timeout=SUITE_WAIT_S)
         finally:
             if launcher.poll() is None:
                 stop_group(launcher, grace=5)

@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from oc_prefix_cache import loopback
 from oc_prefix_cache.llama_process import free_port
 from oc_prefix_cache.process import stop_group
 from oc_prefix_cache.store import Entry, Index
 from oc_prefix_cache.warmstart import choose
 
+from .helpers import SUITE_WAIT_S
 from .test_launch import wait_for
 from .test_proxy import capture
 
@@ -59,17 +60,17 @@ def test_after_launch_restarts_the_server_the_first_new_session_finds_its_head(m
         with open(log, "wb") as out:
             launcher = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_for(lambda: "ready: llama-server" in log.read_text(), timeout=120)
+            wait_for(lambda: "ready: llama-server" in log.read_text())
             if run == 2:
-                wait_for(lambda: "warm start: slot 0:" in log.read_text(), timeout=60)
+                wait_for(lambda: "warm start: slot 0:" in log.read_text())
             headers, body = capture(DATA / "pi-0.73.1" / f"{name}.json")
-            answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
-                                timeout=120)
+            answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
+                                   timeout=120)
             assert answer.status_code == 200, answer.text[:300]
-            wait_for(lambda: _recent(proxy_port) and _recent(proxy_port)[-1]["cache_n"] is not None, timeout=30)
+            wait_for(lambda: _recent(proxy_port) and _recent(proxy_port)[-1]["cache_n"] is not None)
             rows.append(_recent(proxy_port)[-1])
             launcher.send_signal(signal.SIGTERM)
-            assert launcher.wait(timeout=60) == 0
+            assert launcher.wait(timeout=SUITE_WAIT_S) == 0
         finally:
             if launcher.poll() is None:
                 stop_group(launcher, grace=5)
@@ -81,5 +82,5 @@ def test_after_launch_restarts_the_server_the_first_new_session_finds_its_head(m
 
 
 def _recent(port: int) -> list[dict[str, Any]]:
-    data: list[dict[str, Any]] = httpx.get(f"http://127.0.0.1:{port}/ocpc/status", timeout=5).json()["recent"]
+    data: list[dict[str, Any]] = loopback.get(f"http://127.0.0.1:{port}/ocpc/status", timeout=5).json()["recent"]
     return data

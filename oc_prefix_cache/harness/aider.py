@@ -38,6 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..conversation import ConversationKey
 from ..head import Head, Skip, earliest_marker, message_text
 from .base import Incoming, system_text, unchanged
 
@@ -104,7 +105,84 @@ class AiderAdapter:
                     n_tools=len(tools), project_tail=fixed_end(messages))
 
     def session(self, incoming: Incoming) -> str | None:
-        return None  # no session header: matched by its messages
+        return None  # it sends no session id
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """No session id is sent. What separates its sessions: its edit format's rules (the system
+        text before the platform block and its date), the project (the files its repo map lists:
+        their names, not their symbols, which change with every edit) and the first message the
+        person typed, without the edit format's reminder Aider appends to the newest message. Never
+        the system prompt and example exchange alone: they are the same in every project, and
+        keyed by them every Aider session on a machine was one conversation (issue 36). Shared: two
+        sessions in one project that begin with the same words send byte-identical bodies
+        (tests/data/aider-0.86.2: A1 and A2). Aider rewrites its history (a turn that edited files
+        moves before the chat files, whose contents changed): ``rewrites_history``."""
+        messages = chat.get("messages")
+        messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+        texts = [message_text(m) or "" for m in messages]
+        start, end = fixed_block(messages)
+        files = sorted({name for text in texts[start:end + 1] if text.startswith(REPO_MAP) for name in repo_files(text)})
+        system = texts[0] if messages and messages[0].get("role") == "system" else ""
+        found = earliest_marker(system, self.markers)  # the edit format's rules, not the date after them
+        rules = system[: found[0]] if found else system
+        typed = first_typed(messages, texts, after=end)
+        return ConversationKey.content(self.name, rules, *files, without_reminder(typed, system),
+                                       source="its edit format, the files of its repo map and its first typed text",
+                                       rewrites_history=True)
+
+
+REPO_MAP = "Here are summaries of some files present in my git repository."
+
+
+def repo_files(text: str) -> list[str]:
+    """The file names a repo map lists (its lines at the margin after the opening paragraph; a
+    file's symbols follow it indented or behind ``│``/``⋮``)."""
+    body = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+    return [line.rstrip(":") for line in body.splitlines()
+            if line and not line[0].isspace() and line[0] not in "│⋮"]
+
+
+def first_typed(messages: list[dict[str, Any]], texts: list[str], *, after: int) -> str:
+    """The first user message after Aider's fixed block that is none of its fixed messages."""
+    for i in range(after + 1 if after else 1, len(messages)):
+        if messages[i].get("role") == "user" and not texts[i].startswith(FIXED_USER + UPDATES):
+            return texts[i]
+    return ""
+
+
+#: What Aider says after applying edits, before the next typed text (base_coder.py, 0.86.2)
+UPDATES = ("I updated the files.", "I committed the changes with git hash", "I added these files to the chat:")
+
+
+def fixed_block(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """Where Aider's fixed messages start (the "I switched to a new code base" message, else the first
+    after the system prompt) and the index of the last of their acknowledgements (0: none)."""
+    texts = [message_text(m) or "" for m in messages]
+    roles = [m.get("role") for m in messages]
+    start = next((i for i, t in enumerate(texts) if roles[i] == "user" and t == SWITCHED), 1)
+    at, end = start, 0
+    while (at + 1 < len(messages) and roles[at] == "user" and roles[at + 1] == "assistant"
+           and texts[at].startswith(FIXED_USER) and texts[at + 1] in ACKS):
+        end = at + 1
+        at += 2
+    return start, end
+
+
+#: A reminder shorter than this is not cut off the typed text (a coincidence, not the format's rules).
+MIN_REMINDER_CHARS = 32
+
+
+def without_reminder(typed: str, system: str) -> str:
+    """The typed text without the edit format's reminder Aider appends to the newest user message
+    (``"\n\n"`` and the format's reminder, which its system prompt also holds), so the first
+    message keys the same on the first turn, which carries it, and on later ones, which do not."""
+    at = typed.find("\n\n")
+    while at >= 0:
+        rest = typed[at + 2:]
+        if len(rest) >= MIN_REMINDER_CHARS and rest in system:
+            return typed[:at]
+        at = typed.find("\n\n", at + 1)
+    return typed
 
 
 def fixed_end(messages: list[dict[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..conversation import ConversationKey
 from ..head import ChatBody, Head, Skip, earliest_marker, extract_head, message_text
 
 SYSTEM_ROLES = ("system", "developer")  # llama.cpp maps "developer" to "system" before rendering
@@ -56,8 +57,14 @@ class Adapter(Protocol):
         ...
 
     def session(self, incoming: Incoming) -> str | None:
-        """The conversation's identity from the harness (None: unknown; the core then matches by
-        messages)."""
+        """The conversation's session id, when the harness sends one (None: it sends none)."""
+        ...
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """The conversation's key: its session id where the harness sends one, else what really
+        separates the harness's sessions (its project text and the first message the person
+        typed; never a canned example), shared (``ConversationKey``). ``chat``: the body as chat
+        completions."""
         ...
 
 
@@ -170,3 +177,27 @@ def leading_reminders(chat: dict[str, Any]) -> list[str]:
     while leading < len(texts) and isinstance(texts[leading], str) and str(texts[leading]).startswith(REMINDER):
         leading += 1
     return [str(t) for t in texts[:leading]] if 0 < leading < len(texts) else []
+
+
+def first_user_text(chat: dict[str, Any]) -> str | None:
+    """The first user message as the agent wrote it (its content as canonical JSON: parts and
+    all), or None when there is none."""
+    messages = chat.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            return json.dumps(message.get("content"), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return None
+
+
+def session_or_first_exchange(harness: str, session: str | None, chat: dict[str, Any]) -> ConversationKey:
+    """The key of a harness whose sessions are told apart by a session id when it sends one, else
+    by its system text (where the project, its context files and often the date are) and the first
+    user message (where the person's typed text is): the two messages every later turn re-sends
+    as they were. Shared: two sessions of one project that began with the same words have the same."""
+    if session:
+        return ConversationKey.session(session)
+    typed = first_user_text(chat)
+    if typed is None:
+        return ConversationKey(name="", shared=True, source="no user message")
+    return ConversationKey.content(harness, system_text(chat) or "", typed,
+                                   source="its system text and first user message (no session id sent)")

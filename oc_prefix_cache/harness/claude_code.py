@@ -61,7 +61,8 @@ from typing import Any
 
 from ..anthropic import BILLING_PREFIX
 from ..head import Head, Skip
-from .base import Incoming, cut_head, leading_reminders
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, leading_reminders, session_or_first_exchange
 
 MEMORY_MARKER = "You have a persistent file-based memory at `"
 ENVIRONMENT = "# Environment\n"
@@ -113,6 +114,11 @@ class ClaudeCodeAdapter:
             return None
         agent = incoming.header("x-claude-code-agent-id")
         return f"{session}:{agent}" if agent else session
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """``x-claude-code-session-id`` (or the body's metadata), with the subagent's id; without them its
+        system text and first user message (shared)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)
 
 
 def _normalise_messages(messages: list[Any], *, off: frozenset[str]) -> tuple[list[Any], list[str]]:

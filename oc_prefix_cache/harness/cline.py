@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, cut_head, system_text, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, session_or_first_exchange, system_text, unchanged
 
 MARKERS = ("<env>",)
 PROMPT_START = "You are Cline, an AI coding agent."
@@ -49,3 +50,9 @@ class ClineAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         return None  # no session header: matched by its messages
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """No session id is sent: its system text (the project's environment block, the day) and the first
+        user message (the typed task), shared: two sessions of one project that begin with the same task
+        send byte-identical bodies (tests/data/cline-3.0.65: A1 and A2)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..head import Head, Skip
-from .base import SYSTEM_ROLES, Incoming, cut_head, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, SYSTEM_ROLES, cut_head, session_or_first_exchange, unchanged
 
 ENVIRONMENT = "<environment_context>"
 
@@ -57,6 +58,11 @@ class CodexAdapter:
         key = incoming.body.get("prompt_cache_key")
         return (incoming.header("thread-id") or incoming.header("session-id")
                 or (key if isinstance(key, str) and key else None))
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """``thread-id`` (or ``session-id``, or the body's ``prompt_cache_key``), always sent; without them
+        its instructions and first user message (shared)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)
 
 
 def _environment(chat: dict[str, Any]) -> str:

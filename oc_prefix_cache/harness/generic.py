@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, first_header, head_by_markers, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, first_header, head_by_markers, session_or_first_exchange, unchanged
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,7 @@ class GenericAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         return first_header(incoming, self.session_headers)
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """Its session header, else its system text and first user message (shared)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, cut_head, first_header, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, first_header, session_or_first_exchange, unchanged
 
 MARKERS = ("<env>",)
 
@@ -45,3 +46,7 @@ class KiloCodeAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         return first_header(incoming, self.session_headers)
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """``x-session-id``, always sent; without it its system text and first user message (shared)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)

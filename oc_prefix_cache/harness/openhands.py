@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, cut_head, system_text, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, session_or_first_exchange, system_text, unchanged
 
 #: the parts of system_message_suffix.j2 in their order, then the CLI's suffix: the earliest ends the head
 TIME = "<CURRENT_DATETIME>"
@@ -65,6 +66,11 @@ class OpenHandsAdapter:
         if not isinstance(key, str) or not key.strip() or DELEGATE not in tool_names(incoming.body):
             return None  # a subagent (its parent's key) or no key: matched by its messages
         return key.strip()
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """The main agent's ``prompt_cache_key`` (the conversation id); a subagent (its parent's key) by its
+        own system text and first user message (the task its parent gave it), shared."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)
 
 
 def tool_names(body: dict[str, Any]) -> frozenset[str]:

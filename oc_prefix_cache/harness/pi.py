@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, cut_head, first_header, system_text, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, first_header, session_or_first_exchange, system_text, unchanged
 
 MARKERS = (
     "\n\n# Project Context\n\n",
@@ -56,6 +57,11 @@ class PiAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         return first_header(incoming, SESSION_HEADERS)
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """Its session headers (``sendSessionAffinityHeaders``), else its system text and first user message
+        (shared)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)
 
 
 def _without_cache_control(tools: list[Any]) -> list[Any]:

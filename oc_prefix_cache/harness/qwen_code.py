@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..head import Head, Skip
-from .base import Incoming, cut_head, leading_reminders_end, unchanged
+from ..conversation import ConversationKey
+from .base import Incoming, cut_head, leading_reminders_end, session_or_first_exchange, unchanged
 
 MARKERS = ("\n\n---\n\n--- Context from: ", "\n\n---\n\n# auto memory")
 
@@ -45,3 +46,10 @@ class QwenCodeAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         return None  # no session header: matched by its messages
+
+    def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
+        """No session id is sent: its system text (the project's context files and memory folder) and the
+        first user message (the session-context reminders with the file tree and the date, then the typed
+        text), shared: two sessions of one project that begin with the same words send byte-identical
+        bodies (tests/data/qwen-code-0.24.4: A1 and A2)."""
+        return session_or_first_exchange(self.name, self.session(incoming), chat)

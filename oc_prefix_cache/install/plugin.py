@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..files import write_atomic
+from ..files import write_private
 from ..settings import Settings
 from .records import InstallError, normalise_base_url
 
@@ -114,7 +114,7 @@ def install_plugin_files(settings: Settings, base_url: str, said: list[str], *, 
     would = "would have " if dry_run else ""
     if not target.exists() or target.read_bytes() != plugin.data:
         if not dry_run:
-            write_atomic(target, plugin.data)
+            write_private(target, plugin.data)
         said.append(f"{would}copied the plugin{f' {plugin.version}' if plugin.version else ''} to {target}")
     plugin_settings = {"daemonUrl": settings.daemon_url, "baseURL": normalise_base_url(base_url),
                        "logFile": str(settings.log_dir / "plugin.jsonl")}
@@ -122,7 +122,7 @@ def install_plugin_files(settings: Settings, base_url: str, said: list[str], *, 
     data = (json.dumps(plugin_settings, indent=2) + "\n").encode()
     if not settings_path.exists() or settings_path.read_bytes() != data:
         if not dry_run:
-            write_atomic(settings_path, data)
+            write_private(settings_path, data)
         said.append(f"{would}written {settings_path} (daemon {settings.daemon_url}, server {base_url})"
                     if dry_run else f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})")
     return target

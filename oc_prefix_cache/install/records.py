@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..files import write_atomic
+from ..files import private_dir, write_atomic, write_private
 from ..settings import Settings
 from .edits import ConfigFormat, Edit, EditKind, FormatError, InstallError
 from .json_format import JSON
@@ -264,8 +264,7 @@ def format_of(record: InstallRecord) -> ConfigFormat:
 
 
 def _backup(settings: Settings, config_path: Path, original: bytes) -> Path:
-    folder = settings.home / "backups"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(settings.home / "backups")  # 0700; mkstemp makes each copy 0600
     fd, name = tempfile.mkstemp(prefix=f"{config_path.name}.{time.strftime('%Y%m%d-%H%M%S')}.", dir=folder)
     with os.fdopen(fd, "wb") as out:
         out.write(original)
@@ -288,7 +287,7 @@ def load_records(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def write_records(settings: Settings, records: dict[str, dict[str, Any]]) -> None:
-    write_atomic(records_path(settings), json.dumps(records, indent=1).encode())
+    write_private(records_path(settings), json.dumps(records, indent=1).encode())
 
 
 def parse_record(settings: Settings, raw: dict[str, Any]) -> InstallRecord:

@@ -214,3 +214,16 @@ test("a plugin log over 5 MB is rotated when the plugin starts", async () => {
   assert.ok(existsSync(`${logFile}.1`), "the old log was kept as .1");
   assert.ok(readFileSync(logFile, "utf8").includes('"ev":"init"'), "a new log started");
 });
+
+test("the plugin log is created 0600 whatever the umask: its lines hold session ids", async () => {
+  const { existsSync, statSync } = await import("node:fs");
+  const logFile = join(TMP, "private-plugin.jsonl");
+  const before = process.umask(0o022);
+  try {
+    await plugin.OcPrefixCache({ directory: "/tmp", __ocpcSettings: { logFile } });
+    for (let i = 0; i < 50 && !existsSync(logFile); i++) await new Promise((r) => setTimeout(r, 20));
+  } finally {
+    process.umask(before);
+  }
+  assert.equal(statSync(logFile).mode & 0o777, 0o600);
+});

@@ -32,7 +32,11 @@ const OPENCODE_HEADERS = {
 const sha256 = (bytes) => createHash("sha256").update(bytes).digest("hex");
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function waitFor(predicate, ms = 3000) {
+// How long a test waits for an event it needs: the suite's one generous bound (tests/helpers.py's
+// SUITE_WAIT_S, OCPC_TEST_WAIT_S), never a guess of the event's time; the wait ends as it happens.
+const SUITE_WAIT_MS = Number(globalThis.process?.env?.OCPC_TEST_WAIT_S || 300) * 1000;
+
+async function waitFor(predicate, ms = SUITE_WAIT_MS) {
   const end = Date.now() + ms;
   for (;;) {
     const value = predicate();
@@ -416,6 +420,34 @@ test("headers that arrived while OpenCode blocked the event loop are not taken f
   await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
 });
 
+test("a daemon slowed by the same load as OpenCode is not taken for a hung one (issue 36)", async () => {
+  // A compile beside the suite: the daemon's headers came 270-440 ms after the prepare was sent (a
+  // 500 ms bound) while OpenCode's own timers ran late alike, none stalled. A bound of wall time
+  // gave up on that working daemon: no answer taken, so no report for the turn ("no report from
+  // the plugin after the session"), and the daemon backed off for 30 s. Here every timer of the
+  // loop runs ~20 ms late (busy 40 ms of every 45) and the headers come at 1.2x the bound.
+  const { fetch, logFile } = await setup({ headersTimeoutMs: 200, prepareTimeoutMs: 5000 });
+  daemon.state.behaviour = (req, res) => {
+    setTimeout(() => {
+      res.writeHead(200, { "content-type": "application/json", "x-ocpc-state": "working" });
+      res.flushHeaders();
+      setTimeout(() => res.end(JSON.stringify(GOOD_ANSWER)), 20);
+    }, 240);
+  };
+  const load = setInterval(() => {
+    const until = Date.now() + 40;
+    while (Date.now() < until) { /* the machine's other work */ }
+  }, 45);
+  try {
+    await (await fetch(chatUrl(), chatInit())).text();
+  } finally {
+    clearInterval(load);
+  }
+  await waitFor(() => daemon.state.reports[0]); // the answer was taken, and reported on
+  const lines = await waitForLog(logFile, (l) => l.ev === "prepare" && l.action === "warmed");
+  assert.ok(!lines.some((l) => l.ev === "error"), JSON.stringify(lines));
+});
+
 // Fail-open: each daemon failure still forwards the identical request, quickly.
 const FAILURES = [
   { name: "connection refused", daemonUrl: "refused", within: 1000 },
@@ -551,12 +583,12 @@ test("errors of the forward itself are OpenCode's and propagate", async () => {
 test("a hung daemon is not asked again until hungBackoffMs has passed", async () => {
   const { fetch, logFile } = await setup({ headersTimeoutMs: 200, hungBackoffMs: 600 });
   daemon.state.behaviour = daemonBehaviours.hangBeforeHeaders();
-  let started = Date.now();
+  const started = Date.now();
   await (await fetch(chatUrl(), chatInit())).text();
   assert.ok(Date.now() - started >= 180, "the first request waited for the headers bound");
-  started = Date.now();
   await (await fetch(chatUrl(), chatInit())).text();
-  assert.ok(Date.now() - started < 150, `the second went straight on (${Date.now() - started} ms)`);
+  // the second went straight on: the daemon was not asked (a clock, under 150 ms, failed under load)
+  assert.equal(daemon.state.prepares.length, 1, "the daemon was asked again while backed off");
   assert.equal(llama.state.requests.length, 2);
   for (const request of llama.state.requests) assert.ok(request.raw.equals(MAIN_BYTES), "forwarded byte-identical");
   await waitForLog(logFile, (l) => l.ev === "error" && l.skipped === true);
@@ -649,6 +681,40 @@ test("a daemon that never answers the report holds the answer's end at most repo
   assert.ok(Date.now() - started < 300 + 500, `the end was held ${Date.now() - started} ms`);
 });
 
+test("a report sent while OpenCode's event loop stalls is delivered, not given up (issue 36)", async () => {
+  // OpenCode's loop stalls for seconds on a loaded machine (measured: a prepare's headers read 2-4 s
+  // after the daemon sent them). A stall longer than reportTimeoutMs right as the report leaves
+  // expired both of its wall-clock bounds before a fetch that runs on the loop (Node's) had written
+  // it: the answer ended first, and `opencode run` exits there. (Bun's fetch writes from a thread of
+  // its own: a 2.5 s stall injected there in the end-to-end test lost nothing.) The report's bounds
+  // count the loop's time now, as the headers bound does.
+  const { fetch, logFile } = await setup({ reportTimeoutMs: 300 });
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = (url, init) => {
+    const sent = realFetch(url, init);
+    if (String(url).endsWith("/v1/report")) {
+      const until = Date.now() + 800; // the whole process stalls as the report leaves
+      while (Date.now() < until) { /* a stalled event loop */ }
+    }
+    return sent;
+  };
+  try {
+    for (const mode of ["sse", "json"]) {
+      llama.state.mode = mode;
+      daemon.state.reports = [];
+      await (await fetch(chatUrl(), chatInit())).text();
+      assert.ok(daemon.state.reports[0]?.answeredAt, `${mode}: the answer ended before its report was delivered`);
+    }
+  } finally {
+    globalThis.fetch = realFetch;
+  }
+  const lines = await waitFor(() => {
+    const now = readLog(logFile);
+    return now.filter((l) => l.ev === "report" && l.sent === true).length === 2 ? now : null;
+  });
+  assert.ok(!lines.some((l) => l.ev === "error"), JSON.stringify(lines));
+});
+
 test("the wait for reports is bounded by reportTimeoutMs", async () => {
   const { fetch } = await setup({ reportTimeoutMs: 300 });
   daemon.state.reportDelay = Infinity; // takes the report, never answers
@@ -677,13 +743,11 @@ test("an answer still streaming (a parallel session) does not hold the next prep
 test("a daemon that sends headers but never the answer is backed off too", async () => {
   const { fetch, logFile } = await setup({ headersTimeoutMs: 200, prepareTimeoutMs: 400, hungBackoffMs: 800 });
   daemon.state.behaviour = daemonBehaviours.hangAfterHeaders();
-  let started = Date.now();
+  const started = Date.now();
   await (await fetch(chatUrl(), chatInit())).text();
   assert.ok(Date.now() - started >= 380, "the first request waited for the total bound");
-  started = Date.now();
   await (await fetch(chatUrl(), chatInit())).text();
-  assert.ok(Date.now() - started < 150, `the second went straight on (${Date.now() - started} ms)`);
-  assert.equal(daemon.state.prepares.length, 1, "the daemon was not asked again");
+  assert.equal(daemon.state.prepares.length, 1, "the daemon was not asked again"); // it went straight on
   assert.equal(llama.state.requests.length, 2);
   await waitForLog(logFile, (l) => l.ev === "error" && l.stage === "prepare" && l.backoff_ms === 800);
   await waitForLog(logFile, (l) => l.ev === "error" && l.skipped === true);
