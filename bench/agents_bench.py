@@ -64,14 +64,14 @@ import os
 import random
 import re
 import statistics
-from collections import Counter
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -79,19 +79,19 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
-from oc_prefix_cache.daemon import Daemon  # noqa: E402
-from oc_prefix_cache.errors import ConfigError  # noqa: E402
-from oc_prefix_cache.proxy import Proxy  # noqa: E402
-from oc_prefix_cache.proxy_server import ProxyServer  # noqa: E402
-from oc_prefix_cache.relay import learn  # noqa: E402
-from oc_prefix_cache.launch import family_flags  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.server_info import model_family, stat_fields  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
+from oc_prefix_cache import loopback
+from oc_prefix_cache.commands.launch import family_flags
+from oc_prefix_cache.doors.daemon import Daemon
+from oc_prefix_cache.doors.proxy import Proxy
+from oc_prefix_cache.doors.proxy_server import ProxyServer
+from oc_prefix_cache.doors.relay import learn
+from oc_prefix_cache.errors import ConfigError
+from oc_prefix_cache.llama.server_info import model_family, stat_fields
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
@@ -146,14 +146,32 @@ class Agent:
             if self.path == "/v1/messages":
                 tool = self.body["tools"][0]["name"]
                 self.body["messages"] += [
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": call, "name": tool,
-                                                       "input": {"file_path": f"src/module_{n}.py"}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": result}]}]
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "tool_use", "id": call, "name": tool, "input": {"file_path": f"src/module_{n}.py"}}
+                        ],
+                    },
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": result}]},
+                ]
             else:
                 self.body["messages"] += [
-                    {"role": "assistant", "content": "", "tool_calls": [{"id": call, "type": "function", "function": {
-                        "name": "read", "arguments": json.dumps({"filePath": f"src/module_{n}.py"})}}]},
-                    {"role": "tool", "tool_call_id": call, "content": result}]
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": call,
+                                "type": "function",
+                                "function": {
+                                    "name": "read",
+                                    "arguments": json.dumps({"filePath": f"src/module_{n}.py"}),
+                                },
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": call, "content": result},
+                ]
         self.turns += 1
         return copy.deepcopy(self.body)
 
@@ -170,8 +188,16 @@ def make_agents(k: int, *, plugin: bool = False, lines: int = TOOL_LINES, short:
             conv = workload.parent(f"ses_agent{i}") if kind == "opencode-A" else workload.other_project(f"ses_agent{i}")
             system = conv.body["messages"][0]["content"]
             conv.body["messages"][0]["content"] = re.sub(r"/home/dev/proj[AB]", project, system)
-            agents.append(Agent(f"{kind}-{i}", "/v1/chat/completions", conv.headers(), conv.body, seed=i,
-                                via="plugin" if plugin else "proxy"))
+            agents.append(
+                Agent(
+                    f"{kind}-{i}",
+                    "/v1/chat/completions",
+                    conv.headers(),
+                    conv.body,
+                    seed=i,
+                    via="plugin" if plugin else "proxy",
+                )
+            )
         elif kind == "claude-code":
             headers, body = _capture(DATA / "claude-code-2.1.332" / "A1.json")
             headers["x-claude-code-session-id"] = f"agent-{i}"
@@ -247,29 +273,59 @@ class Point:
         ttfts = sorted(t.ttft for t in self.turns)
         hops = [t.hop for t in self.turns if t.hop is not None]
         prompt = sum(t.prompt for t in self.turns)
-        return {"arm": self.arm, "k": self.k, "n": self.n, "turns": len(self.turns),
-                "turns_per_min": len(self.turns) * 60 / window,
-                "turn_mean_s": statistics.fmean(times) if times else None, "turn_p95_s": _pct(times, 0.95),
-                "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p95_s": _pct(ttfts, 0.95),
-                "plugin_hop_ms": 1000 * statistics.fmean(hops) if hops else None,
-                "cache_share": 1 - self.processed_total / prompt if prompt else None,
-                "prompt_tokens": prompt, "processed_tokens": self.processed_total,
-                "prefill_s": self.server.get("prompt_seconds_total"),
-                "decode_s": self.server.get("tokens_predicted_seconds_total"),
-                "decoded_tokens": self.server.get("tokens_predicted_total"),
-                "server_cores": self.server_cores,
-                "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
-                "park_restores": self.ocpc.get("source:park", 0), "failed": len(self.failed),
-                "failures": self.failed[:5],
-                "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)},
-                "restart_errors": self.restart_errors, "fault": self.fault,
-                "each_turn": [{"agent": t.agent, "s": round(t.ended - t.started, 4), "ttft_s": round(t.ttft, 4),
-                               "processed": t.processed, "hop_ms": None if t.hop is None else round(1000 * t.hop, 1)}
-                              for t in sorted(self.turns, key=lambda t: t.started)]}
+        return {
+            "arm": self.arm,
+            "k": self.k,
+            "n": self.n,
+            "turns": len(self.turns),
+            "turns_per_min": len(self.turns) * 60 / window,
+            "turn_mean_s": statistics.fmean(times) if times else None,
+            "turn_p95_s": _pct(times, 0.95),
+            "ttft_p50_s": _pct(ttfts, 0.5),
+            "ttft_p95_s": _pct(ttfts, 0.95),
+            "plugin_hop_ms": 1000 * statistics.fmean(hops) if hops else None,
+            "cache_share": 1 - self.processed_total / prompt if prompt else None,
+            "prompt_tokens": prompt,
+            "processed_tokens": self.processed_total,
+            "prefill_s": self.server.get("prompt_seconds_total"),
+            "decode_s": self.server.get("tokens_predicted_seconds_total"),
+            "decoded_tokens": self.server.get("tokens_predicted_total"),
+            "server_cores": self.server_cores,
+            "parks": self.ocpc.get("parked", 0) + self.ocpc.get("parked_ahead", 0),
+            "park_restores": self.ocpc.get("source:park", 0),
+            "failed": len(self.failed),
+            "failures": self.failed[:5],
+            "ocpc_counters": {k: v for k, v in sorted(self.ocpc.items()) if k.startswith(_SHOWN)},
+            "restart_errors": self.restart_errors,
+            "fault": self.fault,
+            "each_turn": [
+                {
+                    "agent": t.agent,
+                    "s": round(t.ended - t.started, 4),
+                    "ttft_s": round(t.ttft, 4),
+                    "processed": t.processed,
+                    "hop_ms": None if t.hop is None else round(1000 * t.hop, 1),
+                }
+                for t in sorted(self.turns, key=lambda t: t.started)
+            ],
+        }
 
 
-_SHOWN = ("source:", "report_", "parked", "park_", "ram_", "waited", "restored", "warmed", "skipped", "failed",
-          "proxy:fail_open", "proxy:prepare:", "proxy:client")
+_SHOWN = (
+    "source:",
+    "report_",
+    "parked",
+    "park_",
+    "ram_",
+    "waited",
+    "restored",
+    "warmed",
+    "skipped",
+    "failed",
+    "proxy:fail_open",
+    "proxy:prepare:",
+    "proxy:client",
+)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -278,8 +334,10 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-_NUMBERS = {"/v1/chat/completions": (rb'"cache_n":(\d+)', rb'"prompt_n":(\d+)'),
-            "/v1/messages": (rb'"cache_read_input_tokens":(\d+)', rb'"input_tokens":(\d+)')}
+_NUMBERS = {
+    "/v1/chat/completions": (rb'"cache_n":(\d+)', rb'"prompt_n":(\d+)'),
+    "/v1/messages": (rb'"cache_read_input_tokens":(\d+)', rb'"input_tokens":(\d+)'),
+}
 
 
 @dataclass(frozen=True)
@@ -320,16 +378,24 @@ def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, sta
         raise RuntimeError(f"no timings in the answer: {tail[-300:]!r}")
     if answer.get("fingerprint"):
         reporting = time.monotonic()
-        http.post(doors.daemon + "/v1/report", json={
-            "fingerprint": answer["fingerprint"], "prepare_id": answer.get("prepare_id") or "",
-            "cache_n": learned.cache_n, "prompt_n": learned.prompt_n, "predicted_n": learned.predicted_n or 0})
+        http.post(
+            doors.daemon + "/v1/report",
+            json={
+                "fingerprint": answer["fingerprint"],
+                "prepare_id": answer.get("prepare_id") or "",
+                "cache_n": learned.cache_n,
+                "prompt_n": learned.prompt_n,
+                "predicted_n": learned.predicted_n or 0,
+            },
+        )
         hop += time.monotonic() - reporting
     prompt = (learned.cache_n or 0) + learned.prompt_n
     return Turn(agent.name, started, time.monotonic(), ttft, prompt, learned.prompt_n, status, hop)
 
 
-def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
-            started: float) -> tuple[int, bytes, float]:
+def _stream(
+    http: httpx.Client, url: str, raw: bytes, headers: dict[str, str], started: float
+) -> tuple[int, bytes, float]:
     ttft = 0.0
     tail = b""
     with http.stream("POST", url, content=raw, headers={**headers, "content-type": "application/json"}) as response:
@@ -343,9 +409,17 @@ def _stream(http: httpx.Client, url: str, raw: bytes, headers: dict[str, str],
     return status, tail, ttft
 
 
-def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fault: Any = None,
-          warmup: bool = False, on_start: Callable[[], None] | None = None,
-          together: threading.Barrier | None = None) -> None:
+def drive(
+    doors: Doors,
+    agents: list[Agent],
+    *,
+    window: float,
+    point: Point,
+    fault: Any = None,
+    warmup: bool = False,
+    on_start: Callable[[], None] | None = None,
+    together: threading.Barrier | None = None,
+) -> None:
     """Every agent in its own thread until the window ends; turns ending later are not counted.
 
     ``warmup``: each agent's first request (its session's start) is answered before the window
@@ -358,6 +432,7 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
     requests still fill the server."""
     guard = threading.Lock()
     if warmup:
+
         def first(agent: Agent) -> None:
             try:
                 with loopback.client(timeout=httpx.Timeout(1800, connect=10)) as http:
@@ -385,8 +460,11 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
                 try:
                     turn = one_turn(http, doors, agent)
                 except Exception as exc:  # noqa: BLE001 (a bench records every failure)
-                    restarting = fault is not None and fault.thread.is_alive() or (
-                        fault is not None and time.monotonic() - fault.down[1] < 2)
+                    restarting = (
+                        fault is not None
+                        and fault.thread.is_alive()
+                        or (fault is not None and time.monotonic() - fault.down[1] < 2)
+                    )
                     if restarting:  # the server's own error while it restarts: the agent retries
                         with guard:
                             point.restart_errors += 1
@@ -410,8 +488,7 @@ def drive(doors: Doors, agents: list[Agent], *, window: float, point: Point, fau
 # -- the servers ------------------------------------------------------------------------------------
 
 
-_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
-             "tokens_predicted_seconds_total")
+_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total")
 
 
 def server_counters(url: str) -> Counter[str]:
@@ -437,8 +514,15 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 def start(binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...]) -> LlamaServer:
-    config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=home / "slots",
-                          ctx_size=CTX_PER_SLOT * n, parallel=n, extra_args=args)
+    config = ServerConfig(
+        binary=binary,
+        model=model,
+        port=free_port(),
+        slot_dir=home / "slots",
+        ctx_size=CTX_PER_SLOT * n,
+        parallel=n,
+        extra_args=args,
+    )
     (home / "slots").mkdir(parents=True, exist_ok=True)
     server = LlamaServer(config=config, log_path=home / f"llama-server-{config.port}.log")
     server.start()
@@ -509,8 +593,9 @@ class Launched:
 
     def __init__(self, upstream: str, home: Path, env: dict[str, str] | None = None) -> None:
         self.upstream, self.home = upstream, home
-        self.settings = Settings.from_env({**(env or {}), "OC_PREFIX_CACHE_HOME": str(home),
-                                           "OC_PREFIX_CACHE_BASE_URL": upstream})
+        self.settings = Settings.from_env(
+            {**(env or {}), "OC_PREFIX_CACHE_HOME": str(home), "OC_PREFIX_CACHE_BASE_URL": upstream}
+        )
         self.daemon_port, self.proxy_port = free_port(), free_port()
         self.daemon: Daemon | None = None
         self.proxy: ProxyServer | None = None
@@ -541,8 +626,11 @@ class Launched:
 
     @property
     def doors(self) -> Doors:
-        return Doors(proxy=f"http://127.0.0.1:{self.proxy_port}", server=self.upstream,
-                     daemon=f"http://127.0.0.1:{self.daemon_port}")
+        return Doors(
+            proxy=f"http://127.0.0.1:{self.proxy_port}",
+            server=self.upstream,
+            daemon=f"http://127.0.0.1:{self.daemon_port}",
+        )
 
     def snapshot(self) -> Counter[str]:
         if self.daemon is None or self.proxy is None:
@@ -554,9 +642,23 @@ class Launched:
         return out
 
 
-def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path, args: tuple[str, ...],
-              window: float, fault: str = "", doors: str = "both", lines: int = TOOL_LINES,
-              warmup: bool = False, short: bool = False, ocpc_env: dict[str, str] | None = None) -> Point:
+def run_point(
+    arm: str,
+    k: int,
+    n: int,
+    *,
+    binary: Path,
+    model: Path,
+    home: Path,
+    args: tuple[str, ...],
+    window: float,
+    fault: str = "",
+    doors: str = "both",
+    lines: int = TOOL_LINES,
+    warmup: bool = False,
+    short: bool = False,
+    ocpc_env: dict[str, str] | None = None,
+) -> Point:
     """One arm at one point on a fresh server. ``ocpc_env``: the arm is ocpc with these settings
     (a ``--variant``); the arm named ``ocpc`` runs with the defaults."""
     point = Point(arm, k, n)
@@ -577,13 +679,27 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
         if arm == "ocpc" or ocpc_env is not None:
             with Launched(server.url, home, ocpc_env) as launched:  # its slot folder is the server's
                 broke = Fault(fault, server, launched, at=window / 2) if fault else None
-                drive(launched.doors, make_agents(k, plugin=doors == "both", lines=lines, short=short), window=window,
-                      point=point, fault=broke, warmup=warmup, on_start=lambda: opened(launched))
+                drive(
+                    launched.doors,
+                    make_agents(k, plugin=doors == "both", lines=lines, short=short),
+                    window=window,
+                    point=point,
+                    fault=broke,
+                    warmup=warmup,
+                    on_start=lambda: opened(launched),
+                )
                 point.ocpc = dict(launched.counters + launched.snapshot() - baseline["counters"])
         else:
             broke = Fault(fault, server, None, at=window / 2) if fault else None
-            drive(Doors(proxy=server.url, server=server.url), make_agents(k, lines=lines, short=short), window=window,
-                  point=point, fault=broke, warmup=warmup, on_start=lambda: opened(None))
+            drive(
+                Doors(proxy=server.url, server=server.url),
+                make_agents(k, lines=lines, short=short),
+                window=window,
+                point=point,
+                fault=broke,
+                warmup=warmup,
+                on_start=lambda: opened(None),
+            )
         done = server_counters(server.url)
         used = cpu_seconds(server.pid)
         if cpu and cpu[0][1] is not None and used is not None and not broke:
@@ -593,9 +709,14 @@ def run_point(arm: str, k: int, n: int, *, binary: Path, model: Path, home: Path
         point.processed_total = point.server["prompt_tokens_total"]
         if broke:
             after = [t for t in point.turns if t.started >= broke.down[1]]
-            point.fault = {"kind": fault, "down_s": broke.down[1] - broke.down[0], "turns_after": len(after),
-                           "processed_after": sum(t.processed for t in after), "cache_after": _share(after),
-                           "first_after": _first_turns(after)}
+            point.fault = {
+                "kind": fault,
+                "down_s": broke.down[1] - broke.down[0],
+                "turns_after": len(after),
+                "processed_after": sum(t.processed for t in after),
+                "cache_after": _share(after),
+                "first_after": _first_turns(after),
+            }
     finally:
         server.stop()
     return point
@@ -608,8 +729,12 @@ def _first_turns(after: list[Turn]) -> dict[str, Any]:
         first.setdefault(turn.agent, turn)
     processed = sum(t.processed for t in first.values())
     prompt = sum(t.prompt for t in first.values())
-    return {"agents": len(first), "processed": processed, "prompt": prompt,
-            "cache_share": 1 - processed / prompt if prompt else None}
+    return {
+        "agents": len(first),
+        "processed": processed,
+        "prompt": prompt,
+        "cache_share": 1 - processed / prompt if prompt else None,
+    }
 
 
 def _share(turns: list[Turn]) -> float | None:
@@ -635,25 +760,33 @@ def _variant(text: str) -> tuple[str, dict[str, str]]:
 
 def _print_fault(point: Point) -> None:
     if point.fault:
-        print(f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
-              f"{point.restart_errors} requests refused while down; after it: "
-              f"{point.fault['turns_after']} turns, {point.fault['processed_after']:,} tokens "
-              f"processed, cache share {point.fault['cache_after'] or 0:.0%}")
+        print(
+            f"  fault {point.fault['kind']}: down {point.fault['down_s']:.1f} s, "
+            f"{point.restart_errors} requests refused while down; after it: "
+            f"{point.fault['turns_after']} turns, {point.fault['processed_after']:,} tokens "
+            f"processed, cache share {point.fault['cache_after'] or 0:.0%}"
+        )
     if point.failed:
         print("  failures:", *point.failed[:5], sep="\n    ")
 
 
 def render(rows: list[dict[str, Any]]) -> None:
-    print(f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
-          f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5} "
-          f"{'hop ms':>6}")
+    print(
+        f"{'N':>2} {'K':>3} {'arm':<6} {'turns':>5} {'mean s':>7} {'p95 s':>7} {'ttft50':>7} {'ttft95':>7} "
+        f"{'cache':>6} {'parks':>5} {'p.rest':>6} {'failed':>6} {'prefill s':>9} {'decode s':>8} {'cores':>5} "
+        f"{'hop ms':>6}"
+    )
     for r in rows:
-        def f(key: str, fmt: str = "7.1f") -> str:
+
+        def f(key: str, fmt: str = "7.1f", r: dict[str, Any] = r) -> str:
             return format(r[key], fmt) if r[key] is not None else "-".rjust(int(fmt.split(".")[0]))
-        print(f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s', '7.3f')} {f('turn_p95_s')} "
-              f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
-              f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')} "
-              f"{f('server_cores', '5.2f')} {f('plugin_hop_ms', '6.1f')}")
+
+        print(
+            f"{r['n']:>2} {r['k']:>3} {r['arm']:<6} {r['turns']:>5} {f('turn_mean_s', '7.3f')} {f('turn_p95_s')} "
+            f"{f('ttft_p50_s')} {f('ttft_p95_s')} {f('cache_share', '6.2f')} {r['parks']:>5} "
+            f"{r['park_restores']:>6} {r['failed']:>6} {f('prefill_s', '9.0f')} {f('decode_s', '8.0f')} "
+            f"{f('server_cores', '5.2f')} {f('plugin_hop_ms', '6.1f')}"
+        )
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -661,21 +794,34 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for plain in (r for r in rows if r["arm"] == "plain"):
         ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == plain["k"] and r["n"] == plain["n"]), None)
         if ocpc and plain["turns"] and plain["turn_mean_s"] and ocpc["turn_mean_s"]:
-            ratio = {"n": plain["n"], "k": plain["k"], "turns_x": ocpc["turns"] / plain["turns"],
-                     "turn_time_x": ocpc["turn_mean_s"] / plain["turn_mean_s"],
-                     "plain_cache": plain["cache_share"], "ocpc_cache": ocpc["cache_share"]}
-            oracle = next((r for r in rows if r["arm"] == "oracle" and r["k"] == plain["k"] and r["n"] == plain["n"]),
-                          None)
+            ratio = {
+                "n": plain["n"],
+                "k": plain["k"],
+                "turns_x": ocpc["turns"] / plain["turns"],
+                "turn_time_x": ocpc["turn_mean_s"] / plain["turn_mean_s"],
+                "plain_cache": plain["cache_share"],
+                "ocpc_cache": ocpc["cache_share"],
+            }
+            oracle = next(
+                (r for r in rows if r["arm"] == "oracle" and r["k"] == plain["k"] and r["n"] == plain["n"]), None
+            )
             if oracle and oracle["turns"]:
                 ratio |= {"of_oracle_turns": ocpc["turns"] / oracle["turns"], "oracle_cache": oracle["cache_share"]}
             out.append(ratio)
     for variant in (r for r in rows if r["arm"] not in ARMS):
         ocpc = next((r for r in rows if r["arm"] == "ocpc" and r["k"] == variant["k"] and r["n"] == variant["n"]), None)
         if ocpc and ocpc["turns"] and ocpc["turn_mean_s"] and variant["turn_mean_s"]:
-            out.append({"n": variant["n"], "k": variant["k"], "arm": variant["arm"],
-                        "turns_x_ocpc": variant["turns"] / ocpc["turns"],
-                        "turn_time_x_ocpc": variant["turn_mean_s"] / ocpc["turn_mean_s"],
-                        "cache": variant["cache_share"], "ocpc_cache": ocpc["cache_share"]})
+            out.append(
+                {
+                    "n": variant["n"],
+                    "k": variant["k"],
+                    "arm": variant["arm"],
+                    "turns_x_ocpc": variant["turns"] / ocpc["turns"],
+                    "turn_time_x_ocpc": variant["turn_mean_s"] / ocpc["turn_mean_s"],
+                    "cache": variant["cache_share"],
+                    "ocpc_cache": ocpc["cache_share"],
+                }
+            )
     return out
 
 
@@ -723,32 +869,63 @@ def keep_log(path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true",
-                        help="CI: K=4 on N=2, 30 s per arm after the agents' first requests (--warmup), "
-                             "the middle of long system texts cut out")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI: K=4 on N=2, 30 s per arm after the agents' first requests (--warmup), "
+        "the middle of long system texts cut out",
+    )
     parser.add_argument("--slots", default="1,2,4", help="server slot counts N")
     parser.add_argument("--agents", default="1,2,4,8,16", help="concurrent agents K")
     parser.add_argument("--window", type=float, default=240.0, help="seconds per point and arm")
-    parser.add_argument("--fault", choices=("graceful", "kill9", "doors"), default="",
-                        help="in the middle of each window: restart the server, or ocpc's front doors")
-    parser.add_argument("--doors", choices=("both", "proxy"), default="both",
-                        help="ocpc arm: OpenCode through the daemon (the plugin's path) or the proxy")
-    parser.add_argument("--tool-lines", type=int, default=TOOL_LINES,
-                        help="lines of code per tool result, ~36 tokens each (12: a heavier tool use)")
-    parser.add_argument("--arms", default="plain,ocpc",
-                        help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc), "
-                             "oracle (plain with an unbounded RAM cache)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
-                        help="an arm NAME (give it in --arms): ocpc with these settings, e.g. "
-                             "noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off; its ratios are against ocpc's")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run each point this many times per arm, the arms' order reversed every round "
-                             "(A B B A ...), and add the rounds up: a drift of the machine's speed over the run "
-                             "(6%% within 20 minutes here) then falls on every arm alike")
-    parser.add_argument("--warmup", action="store_true",
-                        help="answer each agent's first request before the window opens (not counted)")
-    parser.add_argument("--keep", type=Path, help="work here and keep it (each server's log, ocpc's state, "
-                                                  "ocpc.log: every prepare's answer and reason)")
+    parser.add_argument(
+        "--fault",
+        choices=("graceful", "kill9", "doors"),
+        default="",
+        help="in the middle of each window: restart the server, or ocpc's front doors",
+    )
+    parser.add_argument(
+        "--doors",
+        choices=("both", "proxy"),
+        default="both",
+        help="ocpc arm: OpenCode through the daemon (the plugin's path) or the proxy",
+    )
+    parser.add_argument(
+        "--tool-lines",
+        type=int,
+        default=TOOL_LINES,
+        help="lines of code per tool result, ~36 tokens each (12: a heavier tool use)",
+    )
+    parser.add_argument(
+        "--arms",
+        default="plain,ocpc",
+        help="plain (llama-server's defaults), ocpc, flags (ocpc's server flags, no ocpc), "
+        "oracle (plain with an unbounded RAM cache)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="an arm NAME (give it in --arms): ocpc with these settings, e.g. "
+        "noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off; its ratios are against ocpc's",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each point this many times per arm, the arms' order reversed every round "
+        "(A B B A ...), and add the rounds up: a drift of the machine's speed over the run "
+        "(6%% within 20 minutes here) then falls on every arm alike",
+    )
+    parser.add_argument(
+        "--warmup", action="store_true", help="answer each agent's first request before the window opens (not counted)"
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="work here and keep it (each server's log, ocpc's state, ocpc.log: every prepare's answer and reason)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
@@ -765,8 +942,9 @@ def main() -> int:
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
         keep_log(args.keep / "ocpc.log")
-    with (contextlib.nullcontext(str(args.keep)) if args.keep
-          else tempfile.TemporaryDirectory(prefix="ocpc-agents-")) as work:
+    with (
+        contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="ocpc-agents-")
+    ) as work:
         base = {"plain": (*needs, "--metrics"), "ocpc": (*needs, "--metrics", *LAUNCH, *own)}
         base["flags"] = base["ocpc"]  # ocpc's server flags without ocpc: what the flags alone do
         base["oracle"] = base["plain"]  # and a RAM cache without limit (ORACLE_RAM_MIB)
@@ -794,9 +972,22 @@ def main() -> int:
                         ocpc_like = arm == "ocpc" or arm in variants  # its home is kept across the points of one N
                         home = Path(work) / f"{arm}-np{n}" / ("" if ocpc_like else f"k{k}-{len(rounds[arm])}")
                         flags = (*base[arm], "--cache-ram", str(ram[arm]))
-                        point = run_point(arm, k, n, binary=rig.server, model=model, home=home, args=flags,
-                                          window=window, fault=args.fault, doors=args.doors, lines=args.tool_lines,
-                                          warmup=warmup, short=args.smoke, ocpc_env=variants.get(arm))
+                        point = run_point(
+                            arm,
+                            k,
+                            n,
+                            binary=rig.server,
+                            model=model,
+                            home=home,
+                            args=flags,
+                            window=window,
+                            fault=args.fault,
+                            doors=args.doors,
+                            lines=args.tool_lines,
+                            warmup=warmup,
+                            short=args.smoke,
+                            ocpc_env=variants.get(arm),
+                        )
                         rounds[arm].append(point)
                         each.append(point.row(window))
                         render([each[-1]])
@@ -806,21 +997,37 @@ def main() -> int:
     render(rows)
     for r in ratios(rows):
         if "arm" in r:  # a --variant, against ocpc
-            print(f"N={r['n']} K={r['k']}: {r['arm']} served {r['turns_x_ocpc']:.2f}x ocpc's turns, mean turn time "
-                  f"{r['turn_time_x_ocpc']:.2f}x; cache {r['ocpc_cache']:.0%} -> {r['cache']:.0%}")
+            print(
+                f"N={r['n']} K={r['k']}: {r['arm']} served {r['turns_x_ocpc']:.2f}x ocpc's turns, mean turn time "
+                f"{r['turn_time_x_ocpc']:.2f}x; cache {r['ocpc_cache']:.0%} -> {r['cache']:.0%}"
+            )
             continue
-        print(f"N={r['n']} K={r['k']}: ocpc served {r['turns_x']:.2f}x plain's turns, mean turn time "
-              f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}"
-              + (f"; {r['of_oracle_turns']:.2f}x the oracle's turns (its cache {r['oracle_cache']:.0%})"
-                 if "of_oracle_turns" in r else ""))
+        print(
+            f"N={r['n']} K={r['k']}: ocpc served {r['turns_x']:.2f}x plain's turns, mean turn time "
+            f"{r['turn_time_x']:.2f}x; cache {r['plain_cache']:.0%} -> {r['ocpc_cache']:.0%}"
+            + (
+                f"; {r['of_oracle_turns']:.2f}x the oracle's turns (its cache {r['oracle_cache']:.0%})"
+                if "of_oracle_turns" in r
+                else ""
+            )
+        )
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"window_s": window, "rounds": max(1, args.rounds),
-                                         "tool_lines": args.tool_lines, "ram_mib": ram,
-                                         "warmup": warmup,
-                                         "rows": rows, "ratios": ratios(rows),
-                                         "rounds_rows": each if args.rounds > 1 else []},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "window_s": window,
+                    "rounds": max(1, args.rounds),
+                    "tool_lines": args.tool_lines,
+                    "ram_mib": ram,
+                    "warmup": warmup,
+                    "rows": rows,
+                    "ratios": ratios(rows),
+                    "rounds_rows": each if args.rounds > 1 else [],
+                },
+                indent=2,
+            )
+        )
     if args.png:
         plot(rows, args.png)
     failed = sum(r["failed"] for r in rows)

@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.sessions_bench import FLAGS, bench_model  # noqa: E402
-from oc_prefix_cache.launch import family_flags  # noqa: E402
-from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
-from oc_prefix_cache.rig import MATRIX_BUILDS, PINNED_BUILD, ensure_matrix_server, ensure_rig  # noqa: E402
-from oc_prefix_cache.server_info import model_family  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.tinymodels import ensure_model  # noqa: E402
+from oc_prefix_cache.commands.launch import family_flags
+from oc_prefix_cache.llama.server_info import model_family
+from oc_prefix_cache.rig.build import MATRIX_BUILDS, PINNED_BUILD, ensure_matrix_server, ensure_rig
+from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+from oc_prefix_cache.rig.tiny_models import ensure_model
+from oc_prefix_cache.settings import Settings
 
 PLAIN = ("--metrics",)  # llama-server's defaults; --metrics only lets the bench read its token counter
 #: The smoke run's steps per family (None: the whole scenario). Gemma on its own server is there
@@ -62,9 +62,16 @@ class Family:
     launcher: bool = True  # the ocpc arm's server has `ocpc launch`'s flags (else plain's)
 
 
-FAMILIES = {f.label: f for f in (
-    Family("qwen35", "qwen35"), Family("qwen3", "qwen3"), Family("gemma3", "gemma3"),
-    Family("fat-kv", "fat-kv"), Family("gemma3-own", "gemma3", launcher=False))}
+FAMILIES = {
+    f.label: f
+    for f in (
+        Family("qwen35", "qwen35"),
+        Family("qwen3", "qwen3"),
+        Family("gemma3", "gemma3"),
+        Family("fat-kv", "fat-kv"),
+        Family("gemma3-own", "gemma3", launcher=False),
+    )
+}
 
 
 def args_for(family: Family, model_path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -80,10 +87,18 @@ def summary(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for label, res in results.items():
         oracle, plain, ocpc = res["oracle"], res["totals"]["plain"], res["totals"]["ocpc"]
         wall = res["wall_ms"]
-        row = {"family": label, "build": res.get("build", ""), "oracle": oracle, "plain": plain, "ocpc": ocpc,
-               "plain_x": plain / oracle, "ocpc_x": ocpc / oracle,
-               "plain_s": wall["plain"] / 1000, "ocpc_s": wall["ocpc"] / 1000,
-               "wall_ratio": wall["ocpc"] / wall["plain"]}
+        row = {
+            "family": label,
+            "build": res.get("build", ""),
+            "oracle": oracle,
+            "plain": plain,
+            "ocpc": ocpc,
+            "plain_x": plain / oracle,
+            "ocpc_x": ocpc / oracle,
+            "plain_s": wall["plain"] / 1000,
+            "ocpc_s": wall["ocpc"] / 1000,
+            "wall_ratio": wall["ocpc"] / wall["plain"],
+        }
         if "plain-again" in wall:  # the A/A arm: plain against itself, in the same alternated run
             row["aa_ratio"] = wall["plain-again"] / wall["plain"]
         rows.append(row)
@@ -91,13 +106,17 @@ def summary(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render(rows: list[dict[str, Any]]) -> None:
-    print(f"{'family':<12} {'oracle':>8} {'plain':>8} {'ocpc':>8} {'plain/oracle':>12} {'ocpc/oracle':>11} "
-          f"{'plain s':>8} {'ocpc s':>8} {'ocpc/plain wall':>15} {'A/A wall':>8}  build")
+    print(
+        f"{'family':<12} {'oracle':>8} {'plain':>8} {'ocpc':>8} {'plain/oracle':>12} {'ocpc/oracle':>11} "
+        f"{'plain s':>8} {'ocpc s':>8} {'ocpc/plain wall':>15} {'A/A wall':>8}  build"
+    )
     for r in rows:
         aa = f"{r['aa_ratio']:.2f}x" if "aa_ratio" in r else "-"
-        print(f"{r['family']:<12} {r['oracle']:>8,} {r['plain']:>8,.0f} {r['ocpc']:>8,.0f} {r['plain_x']:>11.2f}x "
-              f"{r['ocpc_x']:>10.2f}x {r['plain_s']:>8.1f} {r['ocpc_s']:>8.1f} {r['wall_ratio']:>14.2f}x {aa:>8}  "
-              f"{r.get('build', '')}")
+        print(
+            f"{r['family']:<12} {r['oracle']:>8,} {r['plain']:>8,.0f} {r['ocpc']:>8,.0f} {r['plain_x']:>11.2f}x "
+            f"{r['ocpc_x']:>10.2f}x {r['plain_s']:>8.1f} {r['ocpc_s']:>8.1f} {r['wall_ratio']:>14.2f}x {aa:>8}  "
+            f"{r.get('build', '')}"
+        )
 
 
 def main() -> int:
@@ -105,9 +124,12 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CI: qwen3 and gemma3 on its own server")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--build", default=PINNED_BUILD,
-                        help=f"the llama-server build: the pinned b{PINNED_BUILD} or one of the matrix's "
-                             f"({', '.join(MATRIX_BUILDS)}; `ocpc rig build --matrix` builds them)")
+    parser.add_argument(
+        "--build",
+        default=PINNED_BUILD,
+        help=f"the llama-server build: the pinned b{PINNED_BUILD} or one of the matrix's "
+        f"({', '.join(MATRIX_BUILDS)}; `ocpc rig build --matrix` builds them)",
+    )
     parser.add_argument("--aa", action="store_true", help="a third arm, plain again: the run's own A/A noise")
     args = parser.parse_args()
     settings = Settings.from_env()
@@ -121,12 +143,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ocpc-families-") as work:
         for label in labels:
             family = FAMILIES[label]
-            path = (ensure_real_model(rig, settings, family.model) if family.model in REAL_MODELS
-                    else ensure_model(rig, family.model))
+            path = (
+                ensure_real_model(rig, settings, family.model)
+                if family.model in REAL_MODELS
+                else ensure_model(rig, family.model)
+            )
             plain, ocpc = args_for(family, path)
-            results[label] = bench_model(label, binary, path, Path(work), smoke=True, plain_args=plain,
-                                         ocpc_args=ocpc, limit=SMOKE_STEPS[label] if args.smoke else None,
-                                         short=args.smoke and family.model in REAL_MODELS, aa=args.aa)
+            results[label] = bench_model(
+                label,
+                binary,
+                path,
+                Path(work),
+                smoke=True,
+                plain_args=plain,
+                ocpc_args=ocpc,
+                limit=SMOKE_STEPS[label] if args.smoke else None,
+                short=args.smoke and family.model in REAL_MODELS,
+                aa=args.aa,
+            )
             render(summary({label: results[label]}))  # as it goes: the full run is long
     print()
     render(summary(results))

@@ -1,7 +1,7 @@
 """Real sizes: what parking costs on a model with a 27B's KV bytes per token, park at
 displacement against park ahead, arms alternated.
 
-The model is the rig's ``fat-kv`` (tinymodels.py: 102,400 bytes per token, as a 27B's
+The model is the rig's ``fat-kv`` (rig/tiny_models.py: 102,400 bytes per token, as a 27B's
 ~880 MB 8.6k-token head). Each arm is its own llama-server (`-c 32768 -ub 512
 --cache-ram 0`, so only ocpc's files bring a conversation back) driven the way the plugin
 drives one:
@@ -40,12 +40,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import ahead  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.tinymodels import FAT, ensure_model  # noqa: E402
+from oc_prefix_cache.engine import park_ahead as ahead
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.tiny_models import FAT, ensure_model
+from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
 from tests.test_parking import Turns  # noqa: E402
 
@@ -68,10 +68,15 @@ class Arm:
         result, timings = self.turns.turn(conv)
         park = re.search(r"parked the slot's conversation first \((\d+) tokens in (\d+) ms\)", result.reason)
         restore = re.search(r"restored the parked conversation (?:and gated )?in (\d+) ms", result.reason)
-        self.rows[label] = {"action": f"{result.action}/{result.source or '-'}", "prepare_ms": result.elapsed_ms,
-                            "wall_ms": (time.perf_counter() - started) * 1000, "prompt_n": timings.prompt_n,
-                            "cache_n": timings.cache_n, "park_ms": float(park.group(2)) if park else 0.0,
-                            "restore_ms": float(restore.group(1)) if restore else None}
+        self.rows[label] = {
+            "action": f"{result.action}/{result.source or '-'}",
+            "prepare_ms": result.elapsed_ms,
+            "wall_ms": (time.perf_counter() - started) * 1000,
+            "prompt_n": timings.prompt_n,
+            "cache_n": timings.cache_n,
+            "park_ms": float(park.group(2)) if park else 0.0,
+            "restore_ms": float(restore.group(1)) if restore else None,
+        }
 
     def gap(self) -> None:
         time.sleep(ahead.IDLE_S)
@@ -99,8 +104,9 @@ def make_arm(name: str, binary: Path, model: Path, work: Path) -> Arm:
     if name == "sync":
         env["OC_PREFIX_CACHE_PARK_AHEAD_S"] = "off"
     settings = Settings.from_env(env)
-    config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=settings.slot_dir, ctx_size=32768,
-                          extra_args=FLAGS)
+    config = ServerConfig(
+        binary=binary, model=model, port=free_port(), slot_dir=settings.slot_dir, ctx_size=32768, extra_args=FLAGS
+    )
     server = LlamaServer(config=config, log_path=work / f"{name}.log")
     server.start()
     return Arm(name, server, Turns(server.url, settings), workload.parent(), workload.general_subagent("ses_sub"))
@@ -110,19 +116,29 @@ def run(binary: Path, model: Path, work: Path, *, turns: int) -> dict[str, Any]:
     arms = [make_arm(name, binary, model, work) for name in ("sync", "ahead")]
     try:
         steps: list[tuple[str, Any]] = [(f"parent {i + 1}", "parent") for i in range(turns)]
-        steps += [("gap", None), ("subagent displaces", "sub"), ("gap", None), ("parent back (hot)", "parent"),
-                  ("gap", None), ("subagent again", "sub"), ("gap", None), ("evict", None),
-                  ("parent back (cold)", "parent")]
+        steps += [
+            ("gap", None),
+            ("subagent displaces", "sub"),
+            ("gap", None),
+            ("parent back (hot)", "parent"),
+            ("gap", None),
+            ("subagent again", "sub"),
+            ("gap", None),
+            ("evict", None),
+            ("parent back (cold)", "parent"),
+        ]
         for i, (label, who) in enumerate(steps):
-            for arm in (arms if i % 2 == 0 else arms[::-1]):
+            for arm in arms if i % 2 == 0 else arms[::-1]:
                 if label == "gap":
                     arm.gap()
                 elif label == "evict":
                     arm.evict_parent_park()
                 else:
                     arm.turn(label, arm.parent if who == "parent" else arm.sub)
-        return {arm.name: {"rows": arm.rows, "park": arm.park_bytes(),
-                           "counters": dict(arm.turns.preparer.stats.counters)} for arm in arms}
+        return {
+            arm.name: {"rows": arm.rows, "park": arm.park_bytes(), "counters": dict(arm.turns.preparer.stats.counters)}
+            for arm in arms
+        }
     finally:
         for arm in arms:
             arm.turns.close()
@@ -133,12 +149,18 @@ def render(results: dict[str, Any]) -> None:
     sync, ahead_ = results["sync"], results["ahead"]
     size, tokens = sync["park"]
     per_token = size / tokens if tokens else 0
-    print(f"fat-kv: {FAT.kv_bytes_per_token:,} KV bytes per token by shape; the parent's park: {tokens:,} tokens, "
-          f"{size / 1e9:.2f} GB ({per_token:,.0f} bytes per token on disk)")
-    print("per step: ocpc's action, its prepare (ms; what the request waits for), of which parking the slot's "
-          "conversation first and restoring a park")
-    print(f"{'step':<20} {'sync: action':<15} {'prepare':>8} {'park':>6} {'restore':>7}   "
-          f"{'ahead: action':<15} {'prepare':>8} {'park':>6} {'restore':>7}")
+    print(
+        f"fat-kv: {FAT.kv_bytes_per_token:,} KV bytes per token by shape; the parent's park: {tokens:,} tokens, "
+        f"{size / 1e9:.2f} GB ({per_token:,.0f} bytes per token on disk)"
+    )
+    print(
+        "per step: ocpc's action, its prepare (ms; what the request waits for), of which parking the slot's "
+        "conversation first and restoring a park"
+    )
+    print(
+        f"{'step':<20} {'sync: action':<15} {'prepare':>8} {'park':>6} {'restore':>7}   "
+        f"{'ahead: action':<15} {'prepare':>8} {'park':>6} {'restore':>7}"
+    )
 
     def cells(row: dict[str, Any]) -> str:
         restore = "" if row["restore_ms"] is None else f"{row['restore_ms']:.0f}"
@@ -147,9 +169,12 @@ def render(results: dict[str, Any]) -> None:
     for label in sync["rows"]:
         if label != "watch_ms":
             print(f"{label:<20} {cells(sync['rows'][label])}   {cells(ahead_['rows'][label])}")
-    print(f"watch (parks written ahead, off the request path): sync {sync['rows'].get('watch_ms', {}).get('ms', 0):.0f} ms, "
-          f"ahead {ahead_['rows'].get('watch_ms', {}).get('ms', 0):.0f} ms; parked ahead: "
-          f"{ahead_['counters'].get('parked_ahead', 0)}")
+    print(
+        f"watch (parks written ahead, off the request path): "
+        f"sync {sync['rows'].get('watch_ms', {}).get('ms', 0):.0f} ms, "
+        f"ahead {ahead_['rows'].get('watch_ms', {}).get('ms', 0):.0f} ms; parked ahead: "
+        f"{ahead_['counters'].get('parked_ahead', 0)}"
+    )
     displacing = [label for label in sync["rows"] if label.startswith("subagent")]
     for who, arm in (("sync", sync), ("ahead", ahead_)):
         waits = ", ".join(f"{arm['rows'][label]['park_ms']:.0f} ms" for label in displacing)
@@ -157,9 +182,12 @@ def render(results: dict[str, Any]) -> None:
     if per_token:
         head, conv = HEAD_TOKENS_27B * per_token, CONVERSATION_TOKENS_27B * per_token
         caps = Settings.from_env({})
-        print(f"at 27B sizes: a {HEAD_TOKENS_27B:,}-token head is {head / 1e9:.2f} GB, a {CONVERSATION_TOKENS_27B:,}-token "
-              f"park {conv / 1e9:.2f} GB; the default caps hold {(caps.max_gb or 0) * 1e9 / head:.0f} heads "
-              f"({caps.max_gb:g} GB) and {(caps.park_max_gb or 0) * 1e9 / conv:.1f} parks ({caps.park_max_gb:g} GB)")
+        print(
+            f"at 27B sizes: a {HEAD_TOKENS_27B:,}-token head is {head / 1e9:.2f} GB, "
+            f"a {CONVERSATION_TOKENS_27B:,}-token "
+            f"park {conv / 1e9:.2f} GB; the default caps hold {(caps.max_gb or 0) * 1e9 / head:.0f} heads "
+            f"({caps.max_gb:g} GB) and {(caps.park_max_gb or 0) * 1e9 / conv:.1f} parks ({caps.park_max_gb:g} GB)"
+        )
 
 
 def main() -> int:

@@ -56,8 +56,10 @@ def main() -> None:
             finally:
                 for conn in held:
                     conn.close()
-            print(f"{n:3d} idle kept-alive connections: /slots median {statistics.median(times):.1f} ms, "
-                  f"max {max(times):.1f} ms")
+            print(
+                f"{n:3d} idle kept-alive connections: /slots median {statistics.median(times):.1f} ms, "
+                f"max {max(times):.1f} ms"
+            )
 
 
 if __name__ == "__main__":

@@ -23,19 +23,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
-from oc_prefix_cache.anthropic import to_chat  # noqa: E402
-from oc_prefix_cache.harness.base import Incoming  # noqa: E402
-from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
+from oc_prefix_cache import loopback
+from oc_prefix_cache.chat.anthropic import to_chat
+from oc_prefix_cache.harness.base import Incoming
+from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+from oc_prefix_cache.settings import Settings
 
 DATA = ROOT / "tests" / "data"
 REQUESTS = {
@@ -57,9 +56,19 @@ def incoming(path: Path) -> Incoming:
 def answer(url: str, chat: dict[str, Any], tokens: int) -> tuple[list[int], str, int]:
     """Greedy token ids and text of the model's answer to ``chat``, and the prompt's token count."""
     prompt = loopback.post(f"{url}/apply-template", json=chat, timeout=60).json()["prompt"]
-    data = loopback.post(f"{url}/completion", timeout=600, json={
-        "prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, "seed": 1, "cache_prompt": False,
-        "return_tokens": True}).json()
+    data = loopback.post(
+        f"{url}/completion",
+        timeout=600,
+        json={
+            "prompt": prompt,
+            "n_predict": tokens,
+            "temperature": 0,
+            "top_k": 1,
+            "seed": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+        },
+    ).json()
     return list(data.get("tokens") or []), str(data.get("content") or ""), int(data["timings"]["prompt_n"])
 
 
@@ -75,8 +84,15 @@ def main() -> int:
     on, off = ClaudeCodeAdapter(), ClaudeCodeAdapter(off=frozenset({args.normalisation}))
     rows = []
     with tempfile.TemporaryDirectory(prefix="ocpc-normalise-") as work:
-        config = ServerConfig(binary=rig.server, model=model, port=free_port(), slot_dir=None, ctx_size=32768,
-                              parallel=1, extra_args=REAL_MODELS["gemma3"].server_args)
+        config = ServerConfig(
+            binary=rig.server,
+            model=model,
+            port=free_port(),
+            slot_dir=None,
+            ctx_size=32768,
+            parallel=1,
+            extra_args=REAL_MODELS["gemma3"].server_args,
+        )
         server = LlamaServer(config=config, log_path=Path(work) / "llama-server.log")
         server.start()
         try:
@@ -90,12 +106,23 @@ def main() -> int:
                 without_it, _ = off.normalise(request)
                 a_tokens, a_text, a_prompt = answer(server.url, to_chat(without_it), args.tokens)
                 b_tokens, b_text, b_prompt = answer(server.url, to_chat(with_it), args.tokens)
-                same = next((i for i, (x, y) in enumerate(zip(a_tokens, b_tokens)) if x != y),
-                            min(len(a_tokens), len(b_tokens)))
+                same = next(
+                    (i for i, (x, y) in enumerate(zip(a_tokens, b_tokens, strict=False)) if x != y),
+                    min(len(a_tokens), len(b_tokens)),
+                )
                 identical = a_tokens == b_tokens
-                rows.append({"request": name, "applies": True, "identical": identical, "first_difference": same,
-                             "tokens": [len(a_tokens), len(b_tokens)], "prompt_tokens": [a_prompt, b_prompt],
-                             "off": a_text, "on": b_text})
+                rows.append(
+                    {
+                        "request": name,
+                        "applies": True,
+                        "identical": identical,
+                        "first_difference": same,
+                        "tokens": [len(a_tokens), len(b_tokens)],
+                        "prompt_tokens": [a_prompt, b_prompt],
+                        "off": a_text,
+                        "on": b_text,
+                    }
+                )
                 verdict = "identical" if identical else f"differs from token {same}"
                 print(f"{name:32} {verdict:22} prompt {a_prompt:,} -> {b_prompt:,} tokens")
                 if not identical:
@@ -104,11 +131,14 @@ def main() -> int:
             server.stop()
     applied = [r for r in rows if r["applies"]]
     same = sum(1 for r in applied if r["identical"])
-    print(f"\n{args.normalisation}: {same} of {len(applied)} answers identical token for token "
-          f"({args.tokens} tokens each, greedy, Gemma 3 270M)")
+    print(
+        f"\n{args.normalisation}: {same} of {len(applied)} answers identical token for token "
+        f"({args.tokens} tokens each, greedy, Gemma 3 270M)"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"normalisation": args.normalisation, "tokens": args.tokens, "rows": rows},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"normalisation": args.normalisation, "tokens": args.tokens, "rows": rows}, indent=2)
+        )
     return 0
 
 

@@ -9,7 +9,7 @@ in its own venv (installed on first use, cached by version).
 
 Three arms, each its own llama-server from the same binary and model with the same flags
 (``-c 16384 -np 1 -t <cores - 1> --slot-save-path <its own temp dir>``; see
-``oc_prefix_cache.demo.server_threads`` for the threads): ``none`` (plain llama-server),
+``oc_prefix_cache.commands.demo.server_threads`` for the threads): ``none`` (plain llama-server),
 ``ocpc`` (the plugin's path: POST /v1/prepare to the daemon, then the request straight
 to the server, then the untimed /v1/report that ties the slot to the conversation) and
 ``hearth`` (the request through its proxy). Every step runs for all three arms in turn,
@@ -66,17 +66,23 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.demo import (
-    ChatTiming, Spread, load_average, opencode_body, prepare_over_http, report_over_http, server_threads,
+from oc_prefix_cache.commands.demo import (
+    ChatTiming,
+    Spread,
+    load_average,
+    opencode_body,
+    prepare_over_http,
+    report_over_http,
+    server_threads,
 )
+from oc_prefix_cache.disk.slotfile import FILE_RE
+from oc_prefix_cache.doors.daemon import Daemon
 from oc_prefix_cache.errors import OcpcError, ProcessError
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.process import Supervised, stop_on_sigterm
-from oc_prefix_cache.rig import ensure_rig
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import Supervised, stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.tiny_models import ensure_model
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slotfile import FILE_RE
-from oc_prefix_cache.tinymodels import ensure_model
 
 HEARTH_VERSION = "0.1.1"
 PEER_DIR = Path(platformdirs.user_cache_dir("oc-prefix-cache")) / "peer" / f"hearth-llm-{HEARTH_VERSION}"
@@ -91,11 +97,21 @@ def ensure_hearth(peer_dir: Path = PEER_DIR) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         try:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-                            f"hearth-llm=={HEARTH_VERSION}"], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [
+                    str(venv / "bin" / "pip"),
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    f"hearth-llm=={HEARTH_VERSION}",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(venv, ignore_errors=True)
-            raise SystemExit(f"cannot install hearth-llm=={HEARTH_VERSION} into {venv}: {exc}\n{exc.stderr}")
+            raise SystemExit(f"cannot install hearth-llm=={HEARTH_VERSION} into {venv}: {exc}\n{exc.stderr}") from exc
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=False).stdout.strip()
     if version != f"hearth {HEARTH_VERSION}":
         raise SystemExit(f"{exe} --version said {version!r}, expected hearth {HEARTH_VERSION}; remove {venv}")
@@ -105,7 +121,9 @@ def ensure_hearth(peer_dir: Path = PEER_DIR) -> Path:
 def user_turn(k: int) -> str:
     """A new user message of ~350 tokens (a failing test pasted in), different every turn."""
     lines = "\n".join(f"    assert parse_line('{i} {k}') == ({i}, {k * i})  # case {k}.{i}" for i in range(20))
-    return f"Turn {k}: this test still fails, fix parse_line in src/parser.py.\n```python\ndef test_{k}():\n{lines}\n```"
+    return (
+        f"Turn {k}: this test still fails, fix parse_line in src/parser.py.\n```python\ndef test_{k}():\n{lines}\n```"
+    )
 
 
 class Arm:
@@ -113,8 +131,14 @@ class Arm:
 
     def __init__(self, name: str, binary: Path, model: Path, work: Path, slot_dir: Path) -> None:
         self.name, self.work = name, work
-        config = ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=slot_dir, ctx_size=16384,
-                              extra_args=("-t", str(server_threads())))
+        config = ServerConfig(
+            binary=binary,
+            model=model,
+            port=free_port(),
+            slot_dir=slot_dir,
+            ctx_size=16384,
+            extra_args=("-t", str(server_threads())),
+        )
         self.server = LlamaServer(config=config, log_path=work / f"{name}-server.log")
         self.http = loopback.client(timeout=1800)
 
@@ -133,9 +157,17 @@ class Arm:
         request_ms = (time.perf_counter() - started) * 1000
         response.raise_for_status()
         payload = response.json()
-        return {"prompt_n": int(payload["timings"]["prompt_n"]), "cache_n": int(payload["timings"]["cache_n"]),
-                "predicted_n": int(payload["timings"].get("predicted_n", 0)), "request_ms": request_ms, "prepare_ms": 0.0, "total_ms": request_ms, "action": "-",
-                "reply": payload["choices"][0]["message"].get("content") or "", "headers": response.headers}
+        return {
+            "prompt_n": int(payload["timings"]["prompt_n"]),
+            "cache_n": int(payload["timings"]["cache_n"]),
+            "predicted_n": int(payload["timings"].get("predicted_n", 0)),
+            "request_ms": request_ms,
+            "prepare_ms": 0.0,
+            "total_ms": request_ms,
+            "action": "-",
+            "reply": payload["choices"][0]["message"].get("content") or "",
+            "headers": response.headers,
+        }
 
     def send(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         return self.chat(self.server.url, body)
@@ -150,8 +182,9 @@ class OcpcArm(Arm):
     def __init__(self, binary: Path, model: Path, work: Path) -> None:
         home = work / "ocpc-home"
         super().__init__("ocpc", binary, model, work, home / "slots")
-        self.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(home),
-                                           "OC_PREFIX_CACHE_BASE_URL": self.server.url})
+        self.settings = Settings.from_env(
+            {**os.environ, "OC_PREFIX_CACHE_HOME": str(home), "OC_PREFIX_CACHE_BASE_URL": self.server.url}
+        )
         self.binary = binary
         self.daemon: Daemon | None = None
 
@@ -186,9 +219,18 @@ class OcpcArm(Arm):
         row = self.chat(self.server.url, body)
         row.update(prepare_ms=prepare_ms, total_ms=prepare_ms + row["request_ms"], action=answer["action"])
         # The plugin's report, off the timed path: it ties the slot to the conversation.
-        report_over_http(self.http, self.daemon.url, answer, ChatTiming(
-            prompt_n=row["prompt_n"], cache_n=row["cache_n"], prompt_ms=0.0, wall_ms=row["request_ms"],
-            predicted_n=row["predicted_n"]))
+        report_over_http(
+            self.http,
+            self.daemon.url,
+            answer,
+            ChatTiming(
+                prompt_n=row["prompt_n"],
+                cache_n=row["cache_n"],
+                prompt_ms=0.0,
+                wall_ms=row["request_ms"],
+                predicted_n=row["predicted_n"],
+            ),
+        )
         return row
 
 
@@ -197,9 +239,21 @@ class HearthArm(Arm):
         super().__init__("hearth", binary, model, work, work / "hearth-cache")
         port = free_port()
         self.proxy_url = f"http://127.0.0.1:{port}"
-        self.proxy = Supervised(name="hearth", health_url=f"{self.proxy_url}/health", log_path=work / "hearth.log",
-                                argv=[str(exe), "serve", "--upstream", self.server.url, "--port", str(port),
-                                      "--cache-dir", str(self.server.config.slot_dir)])
+        self.proxy = Supervised(
+            name="hearth",
+            health_url=f"{self.proxy_url}/health",
+            log_path=work / "hearth.log",
+            argv=[
+                str(exe),
+                "serve",
+                "--upstream",
+                self.server.url,
+                "--port",
+                str(port),
+                "--cache-dir",
+                str(self.server.config.slot_dir),
+            ],
+        )
 
     def start(self) -> None:
         super().start()
@@ -228,8 +282,9 @@ def arm_order(step: int, run: int) -> list[str]:
     return list(ARMS[k:] + ARMS[:k])
 
 
-def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path,
-                run: int = 0) -> dict[str, Any]:
+def bench_model(
+    label: str, binary: Path, model: Path, work: Path, turns: int, hearth: Path, run: int = 0
+) -> dict[str, Any]:
     work.mkdir(parents=True)
     arms: dict[str, Arm] = {}
     cases: dict[str, dict[str, Any]] = {case: {} for case in CASES}
@@ -256,8 +311,10 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
             for name, arm in in_turn(k + 1):
                 row = arm.send(talks[name], "ses_bench")
                 per_turn[name].append(row)
-                talks[name]["messages"] += [{"role": "assistant", "content": row["reply"]},
-                                            {"role": "user", "content": user_turn(k + 1)}]
+                talks[name]["messages"] += [
+                    {"role": "assistant", "content": row["reply"]},
+                    {"role": "user", "content": user_turn(k + 1)},
+                ]
         for name in ARMS:
             cases[CASES[1]][name] = per_turn[name][0]
         park_ms = 0.0
@@ -277,44 +334,66 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, turns: int, h
                 print(f"warning: stopping {arm.name}: {exc}", file=sys.stderr)
     digests = {hashlib.sha256(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12] for t in talks.values()}
     ocpc_files = [p for p in (work / "ocpc-home" / "slots").iterdir() if FILE_RE.fullmatch(p.name)]  # every kind
+
     def clean(row: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in row.items() if k not in ("headers", "reply")}
-    return {"cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},
-            "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()}, "order": order,
-            "bodies_identical": len(digests) == 1, "hearth_stats": hearth_stats, "ocpc_park_before_stop_ms": park_ms,
-            "disk": {"ocpc_files": len(ocpc_files), "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
-                     "hearth_files": hearth_stats["snapshots"], "hearth_bytes": hearth_stats["cache_bytes"]}}
+
+    return {
+        "cases": {c: {a: clean(r) for a, r in rows.items()} for c, rows in cases.items()},
+        "turns": {a: [clean(r) for r in rows] for a, rows in per_turn.items()},
+        "order": order,
+        "bodies_identical": len(digests) == 1,
+        "hearth_stats": hearth_stats,
+        "ocpc_park_before_stop_ms": park_ms,
+        "disk": {
+            "ocpc_files": len(ocpc_files),
+            "ocpc_bytes": sum(p.stat().st_size for p in ocpc_files),
+            "hearth_files": hearth_stats["snapshots"],
+            "hearth_bytes": hearth_stats["cache_bytes"],
+        },
+    }
 
 
 def merge(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians and ranges over the runs (fresh temp state each); every "vs none" ratio is
     taken within its run first; counts and actions from all of them."""
+
     def row(rows: list[dict[str, Any]], base: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out = dict(rows[0])
         for key in ("prepare_ms", "request_ms", "total_ms"):
             out[key] = statistics.median(r[key] for r in rows)
         out["total_spread"] = Spread.of([r["total_ms"] for r in rows]).to_json()
         if base is not None:
-            out["vs_none"] = Spread.of([b["total_ms"] / r["total_ms"] for b, r in zip(base, rows, strict=True)]).to_json()
+            out["vs_none"] = Spread.of(
+                [b["total_ms"] / r["total_ms"] for b, r in zip(base, rows, strict=True)]
+            ).to_json()
         for key in ("action", "prompt_n", "cache_n"):
             out[key] = "/".join(dict.fromkeys(str(r[key]) for r in rows))
         out["runs_total_ms"] = [round(r["total_ms"], 1) for r in rows]
         return out
+
     first = reps[0]
-    cases = {c: {a: row([r["cases"][c][a] for r in reps], [r["cases"][c]["none"] for r in reps]) for a in ARMS}
-             for c in CASES}
-    merged = {"cases": cases,
-              "turns": {a: [row([r["turns"][a][i] for r in reps]) for i in range(len(first["turns"][a]))]
-                        for a in ARMS},
-              "bodies_identical": all(r["bodies_identical"] for r in reps), "disk": first["disk"],
-              "hearth_stats": [r["hearth_stats"] for r in reps], "repeat": len(reps),
-              "orders": [r["order"] for r in reps]}
+    cases = {
+        c: {a: row([r["cases"][c][a] for r in reps], [r["cases"][c]["none"] for r in reps]) for a in ARMS}
+        for c in CASES
+    }
+    merged = {
+        "cases": cases,
+        "turns": {a: [row([r["turns"][a][i] for r in reps]) for i in range(len(first["turns"][a]))] for a in ARMS},
+        "bodies_identical": all(r["bodies_identical"] for r in reps),
+        "disk": first["disk"],
+        "hearth_stats": [r["hearth_stats"] for r in reps],
+        "repeat": len(reps),
+        "orders": [r["order"] for r in reps],
+    }
     merged["summary"] = summarize(merged["turns"])
     for arm in ARMS:  # a whole session per run, against none's in the same run
         sessions = [sum(t["total_ms"] for t in r["turns"][arm]) for r in reps]
         none = [sum(t["total_ms"] for t in r["turns"]["none"]) for r in reps]
         merged["summary"][arm]["session_spread"] = Spread.of(sessions).to_json()
-        merged["summary"][arm]["session_vs_none"] = Spread.of([n / s for n, s in zip(none, sessions, strict=True)]).to_json()
+        merged["summary"][arm]["session_vs_none"] = Spread.of(
+            [n / s for n, s in zip(none, sessions, strict=True)]
+        ).to_json()
     return merged
 
 
@@ -324,58 +403,94 @@ def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any
     for arm, rows in turns.items():
         later = rows[1:] or rows
         ms = [r["total_ms"] for r in later]
-        out[arm] = {"turn1_ms": rows[0]["total_ms"], "mean_ms": statistics.mean(ms), "p50_ms": statistics.median(ms),
-                    "max_ms": max(ms), "prepare_mean_ms": statistics.mean(r["prepare_ms"] for r in later),
-                    "prompt_n_mean": statistics.mean(int(r["prompt_n"].split("/")[0]) for r in later),
-                    "cache_n_mean": statistics.mean(int(r["cache_n"].split("/")[0]) for r in later),
-                    "session_ms": sum(r["total_ms"] for r in rows)}
+        out[arm] = {
+            "turn1_ms": rows[0]["total_ms"],
+            "mean_ms": statistics.mean(ms),
+            "p50_ms": statistics.median(ms),
+            "max_ms": max(ms),
+            "prepare_mean_ms": statistics.mean(r["prepare_ms"] for r in later),
+            "prompt_n_mean": statistics.mean(int(r["prompt_n"].split("/")[0]) for r in later),
+            "cache_n_mean": statistics.mean(int(r["cache_n"].split("/")[0]) for r in later),
+            "session_ms": sum(r["total_ms"] for r in rows),
+        }
     for summary in out.values():
         summary["overhead_ms"] = summary["mean_ms"] - out["none"]["mean_ms"]
     return out
 
 
 def _range(spread: dict[str, float], unit: str = "", digits: int = 1) -> str:
-    return (f"{spread['median']:,.{digits}f}{unit} "
-            f"({spread['low']:,.{digits}f}-{spread['high']:,.{digits}f})")
+    return f"{spread['median']:,.{digits}f}{unit} ({spread['low']:,.{digits}f}-{spread['high']:,.{digits}f})"
 
 
 def render(results: dict[str, dict[str, Any]], turns: int, console: Console) -> None:
     for label, res in results.items():
         runs = res["repeat"]
-        table = Table(title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1)",
-                      caption=f"median (range) over {runs} run(s); arms in rotating order; vs none taken within "
-                              "each run")
-        for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms",
-                    "vs none"):
+        table = Table(
+            title=f"{label}: time to first token, OpenCode request (non-streaming, max_tokens 1)",
+            caption=f"median (range) over {runs} run(s); arms in rotating order; vs none taken within each run",
+        )
+        for col in ("case", "arm", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms", "vs none"):
             table.add_column(col, justify="left" if col in ("case", "arm", "action") else "right")
         for case in CASES:
             for arm in ARMS:
                 r = res["cases"][case][arm]
-                table.add_row(case if arm == "none" else "", arm, r["action"], r["prompt_n"], r["cache_n"],
-                              f"{r['prepare_ms']:.1f}", f"{r['request_ms']:.1f}", _range(r["total_spread"]),
-                              _range(r["vs_none"], "x", 2))
+                table.add_row(
+                    case if arm == "none" else "",
+                    arm,
+                    r["action"],
+                    r["prompt_n"],
+                    r["cache_n"],
+                    f"{r['prepare_ms']:.1f}",
+                    f"{r['request_ms']:.1f}",
+                    _range(r["total_spread"]),
+                    _range(r["vs_none"], "x", 2),
+                )
             table.add_section()
         console.print(table)
-        table = Table(title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns}, "
-                            f"each turn the median of {runs} run(s))",
-                      caption="session: all turns summed per run, median (range); vs none within each run")
-        for col in ("arm", "turn 1 ms", "mean ms", "p50 ms", "max ms", "of which prepare", "overhead vs none",
-                    "prompt_n", "cache_n", "session ms", "session vs none"):
+        table = Table(
+            title=f"{label}: per-turn wall time over a {turns}-turn session (stats over turns 2..{turns}, "
+            f"each turn the median of {runs} run(s))",
+            caption="session: all turns summed per run, median (range); vs none within each run",
+        )
+        for col in (
+            "arm",
+            "turn 1 ms",
+            "mean ms",
+            "p50 ms",
+            "max ms",
+            "of which prepare",
+            "overhead vs none",
+            "prompt_n",
+            "cache_n",
+            "session ms",
+            "session vs none",
+        ):
             table.add_column(col, justify="left" if col == "arm" else "right")
         for arm in ARMS:
             s = res["summary"][arm]
-            table.add_row(arm, f"{s['turn1_ms']:.1f}", f"{s['mean_ms']:.1f}", f"{s['p50_ms']:.1f}",
-                          f"{s['max_ms']:.1f}", f"{s['prepare_mean_ms']:.1f}", f"{s['overhead_ms']:+.1f}",
-                          f"{s['prompt_n_mean']:.0f}", f"{s['cache_n_mean']:.0f}",
-                          _range(s["session_spread"], digits=0), _range(s["session_vs_none"], "x", 2))
+            table.add_row(
+                arm,
+                f"{s['turn1_ms']:.1f}",
+                f"{s['mean_ms']:.1f}",
+                f"{s['p50_ms']:.1f}",
+                f"{s['max_ms']:.1f}",
+                f"{s['prepare_mean_ms']:.1f}",
+                f"{s['overhead_ms']:+.1f}",
+                f"{s['prompt_n_mean']:.0f}",
+                f"{s['cache_n_mean']:.0f}",
+                _range(s["session_spread"], digits=0),
+                _range(s["session_vs_none"], "x", 2),
+            )
         console.print(table)
         disk, hs = res["disk"], res["hearth_stats"][0]
-        console.print(f"hearth's last slot restore {hs.get('last_restore_ms', '-')} ms, last save "
-                      f"{hs.get('last_save_ms', '-')} ms (its own timers, first run). "
-                      f"Disk after a run: ocpc {disk['ocpc_files']} file(s), {disk['ocpc_bytes'] / 2**20:.1f} MiB; "
-                      f"hearth {disk['hearth_files']} snapshot(s), {disk['hearth_bytes'] / 2**20:.1f} MiB. "
-                      f"Request bodies identical across arms: {res['bodies_identical']} "
-                      "(each arm appends its own reply; temperature 0).\n")
+        console.print(
+            f"hearth's last slot restore {hs.get('last_restore_ms', '-')} ms, last save "
+            f"{hs.get('last_save_ms', '-')} ms (its own timers, first run). "
+            f"Disk after a run: ocpc {disk['ocpc_files']} file(s), {disk['ocpc_bytes'] / 2**20:.1f} MiB; "
+            f"hearth {disk['hearth_files']} snapshot(s), {disk['hearth_bytes'] / 2**20:.1f} MiB. "
+            f"Request bodies identical across arms: {res['bodies_identical']} "
+            "(each arm appends its own reply; temperature 0).\n"
+        )
 
 
 def main() -> int:
@@ -387,8 +502,9 @@ def main() -> int:
     parser.add_argument("--peer-dir", type=Path, default=PEER_DIR, help="where hearth-llm's venv is (installed once)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    turns, models, repeat = (3, ["qwen35"], 1) if args.smoke else (max(2, args.turns), args.models.split(","),
-                                                                     max(1, args.repeat))
+    turns, models, repeat = (
+        (3, ["qwen35"], 1) if args.smoke else (max(2, args.turns), args.models.split(","), max(1, args.repeat))
+    )
     load_start = load_average()
     print(f"load average (1/5/15 min) at the start: {load_start}", file=sys.stderr)
     rig = ensure_rig(Settings.from_env())  # the cached rig: its location does not depend on OC_PREFIX_CACHE_HOME
@@ -398,18 +514,35 @@ def main() -> int:
         os.environ["OC_PREFIX_CACHE_HOME"] = str(Path(tmp) / "home")  # nothing touches the real ocpc home
         for label in models:
             model = ensure_model(rig, label)
-            results[label] = merge([bench_model(label, rig.server, model, Path(tmp) / label / f"run{i}", turns, hearth,
-                                                run=i) for i in range(repeat)])
+            results[label] = merge(
+                [
+                    bench_model(label, rig.server, model, Path(tmp) / label / f"run{i}", turns, hearth, run=i)
+                    for i in range(repeat)
+                ]
+            )
     console = Console(width=max(150, shutil.get_terminal_size().columns))
     render(results, turns, console)
     load_end = load_average()
-    console.print(f"load average (1/5/15 min): {load_start} at the start, {load_end} at the end; llama-server -t "
-                  f"{server_threads()}; other work on this machine makes single timings noisy, hence the rotating order "
-                  "and the ranges", soft_wrap=True)
+    console.print(
+        f"load average (1/5/15 min): {load_start} at the start, {load_end} at the end; llama-server -t "
+        f"{server_threads()}; other work on this machine makes single timings noisy, hence the rotating order "
+        "and the ranges",
+        soft_wrap=True,
+    )
     if args.json:
-        args.json.write_text(json.dumps({"hearth_version": HEARTH_VERSION, "turns": turns, "repeat": repeat,
-                                         "load_average": {"start": load_start, "end": load_end},
-                                         "models": results}, indent=2, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "hearth_version": HEARTH_VERSION,
+                    "turns": turns,
+                    "repeat": repeat,
+                    "load_average": {"start": load_start, "end": load_end},
+                    "models": results,
+                },
+                indent=2,
+                default=str,
+            )
+        )
     return 0
 
 

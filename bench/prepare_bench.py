@@ -1,7 +1,7 @@
 """Benchmark the prepare path on the real rig: arms alternated, medians and ranges.
 
 1. **First request of a new session**, per model and head size, in rounds. Each round
-   runs the four cases back to back (``oc_prefix_cache.demo.run_round``, the demo's own
+   runs the four cases back to back (``oc_prefix_cache.commands.demo.run_round``, the demo's own
    method): cold (plain llama-server, freshly restarted), first run (restarted again, a
    fresh ocpc home: warm and save), same server (another project's first request), after
    restart (restored from disk behind the gates); then a bare restore of the same file,
@@ -58,18 +58,33 @@ from rich.console import Console
 from rich.table import Table
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.conversation import parse
-from oc_prefix_cache.demo import (
-    CASES, COLD, FIRST, RESTART, UA, Bodies, Sample, Spread, Stage, load_average, prepare_over_http,
-    report_over_http, restart_fresh, run_round, server_threads, summarize, timed_chat,
+from oc_prefix_cache.chat.conversation import parse
+from oc_prefix_cache.commands.demo import (
+    CASES,
+    COLD,
+    FIRST,
+    RESTART,
+    UA,
+    Bodies,
+    Sample,
+    Spread,
+    Stage,
+    load_average,
+    prepare_over_http,
+    report_over_http,
+    restart_fresh,
+    run_round,
+    server_threads,
+    summarize,
+    timed_chat,
 )
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.process import Supervised, stop_on_sigterm
-from oc_prefix_cache.rig import Rig, ensure_rig
+from oc_prefix_cache.disk.slotfile import slot_filename
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import Supervised, stop_on_sigterm
+from oc_prefix_cache.rig.build import Rig, ensure_rig
+from oc_prefix_cache.rig.tiny_models import ensure_model
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.slotfile import slot_filename
-from oc_prefix_cache.tinymodels import ensure_model
 
 CAPTURES = Path(__file__).resolve().parent.parent / "tests" / "data" / "opencode-1.18.33"
 PROJ_A, PROJ_B = "02_projA_turn1_main_request.json", "03_projB_turn1_main_request.json"
@@ -120,15 +135,35 @@ class Session:
 def agent_step(k: int) -> list[dict[str, Any]]:
     """One more step of an agent loop: it runs the tests, the tool answers (~0.6 KB)."""
     call = f"call_bench_{k}"
-    output = "\n".join([f"============================= test session starts (run {k}) ==============================",
-                        "collected 42 items", "",
-                        "tests/test_parser.py ....................F.....                            [ 61%]",
-                        "tests/test_cli.py ................                                         [100%]", "",
-                        "FAILED tests/test_parser.py::test_parse_line[21] - AssertionError: (21, 0) != (21, 21)",
-                        f"========================= 1 failed, 41 passed in {0.31 + k / 100:.2f}s ========================="])
-    return [{"role": "assistant", "content": "", "tool_calls": [{"id": call, "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": "pytest -q tests/", "description": "Run the tests"})}}]},
-            {"role": "tool", "tool_call_id": call, "content": output}]
+    output = "\n".join(
+        [
+            f"============================= test session starts (run {k}) ==============================",
+            "collected 42 items",
+            "",
+            "tests/test_parser.py ....................F.....                            [ 61%]",
+            "tests/test_cli.py ................                                         [100%]",
+            "",
+            "FAILED tests/test_parser.py::test_parse_line[21] - AssertionError: (21, 0) != (21, 21)",
+            f"========================= 1 failed, 41 passed in {0.31 + k / 100:.2f}s =========================",
+        ]
+    )
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {
+                        "name": "bash",
+                        "arguments": json.dumps({"command": "pytest -q tests/", "description": "Run the tests"}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": output},
+    ]
 
 
 def later_turns(next_turn: bytes, count: int) -> Iterator[bytes]:
@@ -146,8 +181,9 @@ def captured_session(size: str) -> Session:
     return Session(name=f"OpenCode capture (head~{size})", bound=capture(PROJ_A, size), next_turn=capture(TURN2, size))
 
 
-def synthetic_session(rig: Rig, *, target_bytes: int = 512 * 1024, steps: int = 24, read_lines: int = 40,
-                      episode: int = 4) -> Session:
+def synthetic_session(
+    rig: Rig, *, target_bytes: int = 512 * 1024, steps: int = 24, read_lines: int = 40, episode: int = 4
+) -> Session:
     """An agent session of ``target_bytes`` of JSON, its tokens within the tiny models' 32k.
 
     Why not simply 0.5 MB of file reads: source code is 3-4 bytes a token, so 0.5 MB is
@@ -172,15 +208,36 @@ def synthetic_session(rig: Rig, *, target_bytes: int = 512 * 1024, steps: int = 
     last_episode = (steps - 1) // episode
     for k in range(steps):
         if k and k % episode == 0:
-            messages.append({"role": "user", "content": f"Step {k // episode + 1}: now check how the slot is saved "
-                                                         "and restored after a server restart."})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": f"Step {k // episode + 1}: now check how the slot is saved "
+                    "and restored after a server restart.",
+                }
+            )
         path, offset, text = next(reads)
         call = f"call_read_{k}"
-        step = {"role": "assistant", "content": "", "reasoning_content": "Let me read the next part of "
-                f"{path.name} to see how it handles the cache.", "tool_calls": [{
-                    "id": call, "type": "function", "function": {"name": "read", "arguments": json.dumps(
-                        {"filePath": f"/home/dev/llama.cpp/src/{path.name}", "offset": offset + 1,
-                         "limit": read_lines})}}]}
+        step = {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": f"Let me read the next part of {path.name} to see how it handles the cache.",
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {
+                        "name": "read",
+                        "arguments": json.dumps(
+                            {
+                                "filePath": f"/home/dev/llama.cpp/src/{path.name}",
+                                "offset": offset + 1,
+                                "limit": read_lines,
+                            }
+                        ),
+                    },
+                }
+            ],
+        }
         messages += [step, {"role": "tool", "tool_call_id": call, "content": text}]
         if k // episode < last_episode:
             thinking.append(step)
@@ -193,11 +250,14 @@ def synthetic_session(rig: Rig, *, target_bytes: int = 512 * 1024, steps: int = 
         per_step = max(0, room // max(1, len(thinking)))
         cursor = 0
         for step, short in zip(thinking, plain, strict=True):
-            step["reasoning_content"] = short + " " + prose[cursor: cursor + per_step].strip()
+            step["reasoning_content"] = short + " " + prose[cursor : cursor + per_step].strip()
             cursor = (cursor + per_step) % max(1, len(prose) - per_step)
         room -= len(_dump(dict(data, messages=messages))) - target_bytes
-    return Session(name=f"synthetic {target_bytes // 1024} KiB session", bound=_dump(bound),
-                   next_turn=_dump(dict(data, messages=bound["messages"] + next_messages)))
+    return Session(
+        name=f"synthetic {target_bytes // 1024} KiB session",
+        bound=_dump(bound),
+        next_turn=_dump(dict(data, messages=bound["messages"] + next_messages)),
+    )
 
 
 def _reads(files: list[Path], lines: int) -> Iterator[tuple[Path, int, str]]:
@@ -206,10 +266,15 @@ def _reads(files: list[Path], lines: int) -> Iterator[tuple[Path, int, str]]:
         for path in files:
             text = path.read_text(errors="replace").splitlines()
             for offset in range(0, len(text), lines):
-                chunk = "\n".join(f"{offset + i + 1:05d}| {line[:2000]}" for i, line in
-                                  enumerate(text[offset: offset + lines]))
-                yield path, offset, f"<file>\n{chunk}\n\n(File has more lines. Use 'offset' to read beyond line " \
-                                    f"{offset + lines})\n</file>"
+                chunk = "\n".join(
+                    f"{offset + i + 1:05d}| {line[:2000]}" for i, line in enumerate(text[offset : offset + lines])
+                )
+                yield (
+                    path,
+                    offset,
+                    f"<file>\n{chunk}\n\n(File has more lines. Use 'offset' to read beyond line "
+                    f"{offset + lines})\n</file>",
+                )
 
 
 # -- the hit path -------------------------------------------------------------------------------
@@ -279,13 +344,17 @@ def hit_latency(stage: Stage, session: Session, calls: int) -> dict[str, Any]:
     inproc_ms: list[float] = []
     floor_ms: list[float] = []
     stub_port = free_port()
-    with daemon_process(stage, home) as url, serving(
-            "stub", [sys.executable, "-c", STUB, str(stub_port)], stub_port, home / "stub.log") as stub:
+    with (
+        daemon_process(stage, home) as url,
+        serving("stub", [sys.executable, "-c", STUB, str(stub_port)], stub_port, home / "stub.log") as stub,
+    ):
         bind = prepare_over_http(stage.http, url, session.bound, "ses_hit")
         try:
             timing = timed_chat(stage.http, stage.server.url, session.bound)
         except httpx.HTTPStatusError as exc:
-            raise SystemExit(f"{session.name}: the server refused its prior request ({exc.response.text[:300]})")
+            raise SystemExit(
+                f"{session.name}: the server refused its prior request ({exc.response.text[:300]})"
+            ) from exc
         report_over_http(stage.http, url, bind, timing)
         with loopback.client() as plugin:
             for i, raw in enumerate(later_turns(session.next_turn, calls)):
@@ -294,17 +363,26 @@ def hit_latency(stage: Stage, session: Session, calls: int) -> dict[str, Any]:
                 http_ms.append((time.perf_counter() - started) * 1000)
                 inproc_ms.append(float(answer["elapsed_ms"]))
                 if answer["action"] != "hit":
-                    raise SystemExit(f"{session.name}: turn {i + 2} was {answer['action']!r} ({answer.get('reason')}),"
-                                     f" not a hit (bound by {bind['action']!r}, cache_n {timing.cache_n}): the hit "
-                                     "path is not measured")
+                    raise SystemExit(
+                        f"{session.name}: turn {i + 2} was {answer['action']!r} ({answer.get('reason')}),"
+                        f" not a hit (bound by {bind['action']!r}, cache_n {timing.cache_n}): the hit "
+                        "path is not measured"
+                    )
                 started = time.perf_counter()
                 plugin.post(f"{stub}/v1/prepare", content=raw, headers=headers).raise_for_status()
                 floor_ms.append((time.perf_counter() - started) * 1000)
-    return {"session": session.name, "bytes": len(session.next_turn), "bound_tokens": timing.prompt_n + timing.cache_n,
-            "bound_by": bind["action"], "calls": calls,
-            "http_p50_ms": statistics.median(http_ms), "http_p99_ms": percentile(http_ms, 0.99),
-            "inproc_p50_ms": statistics.median(inproc_ms), "inproc_p99_ms": percentile(inproc_ms, 0.99),
-            "floor_p50_ms": statistics.median(floor_ms)}
+    return {
+        "session": session.name,
+        "bytes": len(session.next_turn),
+        "bound_tokens": timing.prompt_n + timing.cache_n,
+        "bound_by": bind["action"],
+        "calls": calls,
+        "http_p50_ms": statistics.median(http_ms),
+        "http_p99_ms": percentile(http_ms, 0.99),
+        "inproc_p50_ms": statistics.median(inproc_ms),
+        "inproc_p99_ms": percentile(inproc_ms, 0.99),
+        "floor_p50_ms": statistics.median(floor_ms),
+    }
 
 
 # -- first requests, in rounds -------------------------------------------------------------------
@@ -317,8 +395,13 @@ def bare_restore(stage: Stage, head_file: str, raw: bytes) -> dict[str, float]:
         client.restore(0, head_file)
         restore_ms = (time.perf_counter() - started) * 1000
     timing = timed_chat(stage.http, stage.server.url, raw)
-    return {"restore_ms": restore_ms, "request_ms": timing.wall_ms, "total_ms": restore_ms + timing.wall_ms,
-            "prompt_n": timing.prompt_n, "cache_n": timing.cache_n}
+    return {
+        "restore_ms": restore_ms,
+        "request_ms": timing.wall_ms,
+        "total_ms": restore_ms + timing.wall_ms,
+        "prompt_n": timing.prompt_n,
+        "cache_n": timing.cache_n,
+    }
 
 
 def bench_size(stage: Stage, size: str, rounds: int, say: Any) -> dict[str, Any]:
@@ -338,23 +421,46 @@ def bench_size(stage: Stage, size: str, rounds: int, say: Any) -> dict[str, Any]
     # gates, a project head) counts on its side; whatever it saves the request counts too.
     ratios = [b["total_ms"] / s.total_ms for b, s in zip(bare, restarts, strict=True)]
     rows = summarize(samples)
-    return {"rows": [row.to_json() for row in rows], "order": [s.case for s in samples],
-            "samples": [asdict(s) | {"total_ms": s.total_ms} for s in samples], "bare": bare,
-            "head_tokens": int(statistics.median(s.head_tokens for s in restarts)),
-            "restart_target": {"ocpc_ms": Spread.of([s.total_ms for s in restarts]).to_json(),
-                               "bare_ms": Spread.of([b["total_ms"] for b in bare]).to_json(),
-                               "bare_vs_ocpc": Spread.of(ratios).to_json(),
-                               "bare_cache_n": int(statistics.median(b["cache_n"] for b in bare)),
-                               "met_rounds": sum(s.total_ms <= 2 * b["total_ms"] for b, s in zip(bare, restarts,
-                                                                                                   strict=True)),
-                               "rounds": len(restarts)}}
+    return {
+        "rows": [row.to_json() for row in rows],
+        "order": [s.case for s in samples],
+        "samples": [asdict(s) | {"total_ms": s.total_ms} for s in samples],
+        "bare": bare,
+        "head_tokens": int(statistics.median(s.head_tokens for s in restarts)),
+        "restart_target": {
+            "ocpc_ms": Spread.of([s.total_ms for s in restarts]).to_json(),
+            "bare_ms": Spread.of([b["total_ms"] for b in bare]).to_json(),
+            "bare_vs_ocpc": Spread.of(ratios).to_json(),
+            "bare_cache_n": int(statistics.median(b["cache_n"] for b in bare)),
+            "met_rounds": sum(s.total_ms <= 2 * b["total_ms"] for b, s in zip(bare, restarts, strict=True)),
+            "rounds": len(restarts),
+        },
+    }
 
 
-def bench_model(label: str, binary: Path, model: Path, work: Path, *, sizes: list[str], rounds: int, calls: int,
-                synthetic: Session | None, say: Any) -> dict[str, Any]:
-    server = LlamaServer(config=ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=work / "slots",
-                                             ctx_size=CTX, extra_args=("-t", str(server_threads()))),
-                         log_path=work / f"{label}-server.log")
+def bench_model(
+    label: str,
+    binary: Path,
+    model: Path,
+    work: Path,
+    *,
+    sizes: list[str],
+    rounds: int,
+    calls: int,
+    synthetic: Session | None,
+    say: Any,
+) -> dict[str, Any]:
+    server = LlamaServer(
+        config=ServerConfig(
+            binary=binary,
+            model=model,
+            port=free_port(),
+            slot_dir=work / "slots",
+            ctx_size=CTX,
+            extra_args=("-t", str(server_threads())),
+        ),
+        log_path=work / f"{label}-server.log",
+    )
     results: dict[str, Any] = {"sizes": {}, "load_start": load_average(), "server_threads": server_threads()}
     server.start(timeout=600)
     try:
@@ -386,48 +492,82 @@ def render(results: dict[str, Any], console: Console) -> None:
     for label, res in results.items():
         for size, sized in res["sizes"].items():
             rounds = sized["restart_target"]["rounds"]
-            table = Table(title=f"{label} head~{size}: first request of a new session (OpenCode capture)",
-                          caption=f"median (range) over {rounds} rounds; each round runs the four cases back to "
-                                  "back; vs cold is taken within each round")
+            table = Table(
+                title=f"{label} head~{size}: first request of a new session (OpenCode capture)",
+                caption=f"median (range) over {rounds} rounds; each round runs the four cases back to "
+                "back; vs cold is taken within each round",
+            )
             for column in ("case", "action", "prompt_n", "cache_n", "prepare ms", "request ms", "total ms", "vs cold"):
                 table.add_column(column, justify="left" if column in ("case", "action") else "right")
             for row in sized["rows"]:
-                table.add_row(row["case"], row["action"], f"{row['prompt_n']:,}", f"{row['cache_n']:,}",
-                              _ms(row["prepare_ms"]), _ms(row["request_ms"]), _ms(row["total_ms"]),
-                              _ratio(row["vs_cold"]))
+                table.add_row(
+                    row["case"],
+                    row["action"],
+                    f"{row['prompt_n']:,}",
+                    f"{row['cache_n']:,}",
+                    _ms(row["prepare_ms"]),
+                    _ms(row["request_ms"]),
+                    _ms(row["total_ms"]),
+                    _ratio(row["vs_cold"]),
+                )
             console.print(table)
-        targets = Table(title=f"{label}: targets (issue 9)", caption=(
-            "after restart, end to end: ocpc's prepare + the request vs the server's bare restore of the head "
-            "file + the same request (target: within 2x); median (range) over rounds"))
-        for column in ("head", "head tokens", "ocpc after restart ms", "bare restore + request ms", "bare / ocpc",
-                       "met", "hit HTTP p50 / p99 ms", "in-process p50 / p99 ms", "HTTP floor p50 ms"):
+        targets = Table(
+            title=f"{label}: targets (issue 9)",
+            caption=(
+                "after restart, end to end: ocpc's prepare + the request vs the server's bare restore of the head "
+                "file + the same request (target: within 2x); median (range) over rounds"
+            ),
+        )
+        for column in (
+            "head",
+            "head tokens",
+            "ocpc after restart ms",
+            "bare restore + request ms",
+            "bare / ocpc",
+            "met",
+            "hit HTTP p50 / p99 ms",
+            "in-process p50 / p99 ms",
+            "HTTP floor p50 ms",
+        ):
             targets.add_column(column, justify="left" if column == "head" else "right")
         for size, sized in res["sizes"].items():
             t, hit = sized["restart_target"], sized["hit"]
-            targets.add_row(f"~{size}", f"{sized['head_tokens']:,}", _ms(t["ocpc_ms"]), _ms(t["bare_ms"]),
-                            _ratio(t["bare_vs_ocpc"]), f"{t['met_rounds']}/{t['rounds']} rounds",
-                            f"{hit['http_p50_ms']:.2f} / {hit['http_p99_ms']:.2f}",
-                            f"{hit['inproc_p50_ms']:.2f} / {hit['inproc_p99_ms']:.2f}", f"{hit['floor_p50_ms']:.2f}")
+            targets.add_row(
+                f"~{size}",
+                f"{sized['head_tokens']:,}",
+                _ms(t["ocpc_ms"]),
+                _ms(t["bare_ms"]),
+                _ratio(t["bare_vs_ocpc"]),
+                f"{t['met_rounds']}/{t['rounds']} rounds",
+                f"{hit['http_p50_ms']:.2f} / {hit['http_p99_ms']:.2f}",
+                f"{hit['inproc_p50_ms']:.2f} / {hit['inproc_p99_ms']:.2f}",
+                f"{hit['floor_p50_ms']:.2f}",
+            )
         console.print(targets)
         lines = []
-        for size, sized in res["sizes"].items():
+        for sized in res["sizes"].values():
             lines.append(_hit_line(sized["hit"], inproc_target=False))
         if "synthetic" in res:
             lines.append(_hit_line(res["synthetic"], inproc_target=True))
         console.print("\n".join(lines), soft_wrap=True)
-        console.print(f"load average (1/5/15 min): {res['load_start']} at the start, {res['load_end']} at the end; "
-                      f"llama-server -t {res['server_threads']}\n", soft_wrap=True)
+        console.print(
+            f"load average (1/5/15 min): {res['load_start']} at the start, {res['load_end']} at the end; "
+            f"llama-server -t {res['server_threads']}\n",
+            soft_wrap=True,
+        )
 
 
 def _hit_line(hit: dict[str, Any], *, inproc_target: bool) -> str:
     met = hit["http_p50_ms"] <= HIT_TARGET_MS and (not inproc_target or hit["inproc_p50_ms"] < HIT_TARGET_MS)
     goal = "HTTP p50 <= 2 ms" + (", in-process p50 < 2 ms" if inproc_target else "")
-    return (f"hit path, {hit['session']} ({hit['bytes'] / 1024:,.0f} KiB body, {hit['bound_tokens']:,} tokens "
-            f"bound by a real request ({hit['bound_by']}) and its report), {hit['calls']} calls each: HTTP p50 "
-            f"{hit['http_p50_ms']:.2f} ms, p99 {hit['http_p99_ms']:.2f} ms; in-process p50 "
-            f"{hit['inproc_p50_ms']:.2f} ms, p99 {hit['inproc_p99_ms']:.2f} ms (HTTP floor, the same body to a stub "
-            f"that only reads it: p50 {hit['floor_p50_ms']:.2f} ms); target {goal}: "
-            f"{'met' if met else 'MISSED'}")
+    return (
+        f"hit path, {hit['session']} ({hit['bytes'] / 1024:,.0f} KiB body, {hit['bound_tokens']:,} tokens "
+        f"bound by a real request ({hit['bound_by']}) and its report), {hit['calls']} calls each: HTTP p50 "
+        f"{hit['http_p50_ms']:.2f} ms, p99 {hit['http_p99_ms']:.2f} ms; in-process p50 "
+        f"{hit['inproc_p50_ms']:.2f} ms, p99 {hit['inproc_p99_ms']:.2f} ms (HTTP floor, the same body to a stub "
+        f"that only reads it: p50 {hit['floor_p50_ms']:.2f} ms); target {goal}: "
+        f"{'met' if met else 'MISSED'}"
+    )
 
 
 def main() -> int:
@@ -455,15 +595,25 @@ def main() -> int:
     sizes = ["8k"] if args.smoke else args.sizes.split(",")
     # Smoke: as many bytes in fewer, shorter steps, so the bound request prefills in seconds.
     shape = {"steps": 6, "episode": 2, "read_lines": 20} if args.smoke else {}
-    synthetic = (synthetic_session(rig, target_bytes=args.synthetic_kib * 1024, **shape)
-                 if args.synthetic_kib > 0 else None)
+    synthetic = (
+        synthetic_session(rig, target_bytes=args.synthetic_kib * 1024, **shape) if args.synthetic_kib > 0 else None
+    )
     print(f"load average (1/5/15 min) at the start: {load_average()}", file=sys.stderr)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ocpc-bench-") as work:
         os.environ["OC_PREFIX_CACHE_HOME"] = str(Path(work) / "home")  # nothing touches the real ocpc home
         for label, (binary, model) in targets.items():
-            results[label] = bench_model(label, binary, model, Path(work) / label, sizes=sizes, rounds=rounds,
-                                         calls=calls, synthetic=synthetic, say=say)
+            results[label] = bench_model(
+                label,
+                binary,
+                model,
+                Path(work) / label,
+                sizes=sizes,
+                rounds=rounds,
+                calls=calls,
+                synthetic=synthetic,
+                say=say,
+            )
     render(results, console)
     if args.json:
         args.json.write_text(json.dumps({"cases": CASES, "cold": COLD, "models": results}, indent=2, default=str))

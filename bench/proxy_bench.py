@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
+from oc_prefix_cache import loopback
 
 DATA = ROOT / "tests" / "data"
 
@@ -71,8 +71,13 @@ class Stub:
                 if self.path.startswith("/props"):
                     self._json(200, {"total_slots": stub.slots})
                 elif self.path.startswith("/slots"):
-                    self._json(200, [{"id": i, "id_task": 1, "n_prompt_tokens": 0, "is_processing": False}
-                                     for i in range(stub.slots)])
+                    self._json(
+                        200,
+                        [
+                            {"id": i, "id_task": 1, "n_prompt_tokens": 0, "is_processing": False}
+                            for i in range(stub.slots)
+                        ],
+                    )
                 else:
                     self._json(200, {"status": "ok", "path": self.path})
 
@@ -127,8 +132,10 @@ class Stub:
                         self._chunk(b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"n":%d}\n\n' % i)
                         if gap:
                             time.sleep(gap)
-                    self._chunk(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
-                                b'"timings":{"cache_n":100,"prompt_n":5,"predicted_n":%d}}\n\ndata: [DONE]\n\n' % n)
+                    self._chunk(
+                        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+                        b'"timings":{"cache_n":100,"prompt_n":5,"predicted_n":%d}}\n\ndata: [DONE]\n\n' % n
+                    )
                     if linger:
                         time.sleep(linger)
                     self.wfile.write(b"0\r\n\r\n")
@@ -145,8 +152,14 @@ class Stub:
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def _record(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
-        self.seen.append({"method": handler.command, "path": handler.path, "body": body,
-                          "headers": {k.lower(): v for k, v in handler.headers.items()}})
+        self.seen.append(
+            {
+                "method": handler.command,
+                "path": handler.path,
+                "body": body,
+                "headers": {k.lower(): v for k, v in handler.headers.items()},
+            }
+        )
 
     def __enter__(self) -> Stub:
         self._thread.start()
@@ -171,8 +184,8 @@ class Proxied:
     """An in-process `ocpc proxy` (uvicorn in a thread), as `ocpc launch` runs it."""
 
     def __init__(self, upstream: str, home: Path, *, watch: bool = False) -> None:
-        from oc_prefix_cache.proxy import Proxy
-        from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
+        from oc_prefix_cache.doors.proxy import Proxy
+        from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
         from oc_prefix_cache.settings import Settings
 
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home)})
@@ -209,8 +222,16 @@ def timed_stream(client: httpx.Client, url: str, raw: bytes, headers: dict[str, 
     return elapsed, data
 
 
-def alternate(http: httpx.Client, runs: int, direct: str, proxied: str, raw: bytes,
-              headers: dict[str, str], *, direct_raw: bytes | None = None) -> dict[str, Any]:
+def alternate(
+    http: httpx.Client,
+    runs: int,
+    direct: str,
+    proxied: str,
+    raw: bytes,
+    headers: dict[str, str],
+    *,
+    direct_raw: bytes | None = None,
+) -> dict[str, Any]:
     """Direct and proxied requests in turn (ABAB...): medians and the median paired difference."""
     a: list[float] = []
     b: list[float] = []
@@ -218,9 +239,13 @@ def alternate(http: httpx.Client, runs: int, direct: str, proxied: str, raw: byt
         order = [(direct, a, direct_raw or raw), (proxied, b, raw)]
         for url, sink, body in order if i % 2 == 0 else order[::-1]:
             sink.append(timed_stream(http, url, body, headers)[0])
-    diffs = [y - x for x, y in zip(a, b)]
-    return {"direct_ms": statistics.median(a) * 1e3, "proxy_ms": statistics.median(b) * 1e3,
-            "added_ms": statistics.median(diffs) * 1e3, "runs": runs}
+    diffs = [y - x for x, y in zip(a, b, strict=False)]
+    return {
+        "direct_ms": statistics.median(a) * 1e3,
+        "proxy_ms": statistics.median(b) * 1e3,
+        "added_ms": statistics.median(diffs) * 1e3,
+        "runs": runs,
+    }
 
 
 def generic_body(size: int) -> bytes:
@@ -228,15 +253,18 @@ def generic_body(size: int) -> bytes:
     messages = [{"role": "system", "content": "You are terse."}]
     while len(json.dumps(messages)) < size:
         messages += [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
-    return json.dumps({"model": "m", "stream": True, "messages": messages + [
-        {"role": "user", "content": "go"}]}).encode()
+    return json.dumps(
+        {"model": "m", "stream": True, "messages": messages + [{"role": "user", "content": "go"}]}
+    ).encode()
 
 
 def stub_arm(runs: int, chunks: int, home: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Stub() as stub, Proxied(stub.url, home) as proxy, client(60) as http:
-        for label, n, size in (("request (3 chunks, 50 KB body)", 3, 50_000),
-                               (f"stream ({chunks} chunks)", chunks, 2_000)):
+        for label, n, size in (
+            ("request (3 chunks, 50 KB body)", 3, 50_000),
+            (f"stream ({chunks} chunks)", chunks, 2_000),
+        ):
             raw = generic_body(size)
             path = "/v1/chat/completions"
             alternate(http, 2, stub.url + path, proxy.url + path, raw, {"x-stub": f"stream:{n}"})  # warm-up
@@ -266,16 +294,23 @@ def hit_body(size: int) -> tuple[bytes, dict[str, str]]:
 
 
 def start_server(ctx: int, model: str = "qwen35", parallel: int = 1) -> Any:
-    from oc_prefix_cache.llama_process import LlamaServer, ServerConfig
-    from oc_prefix_cache.rig import ensure_rig
+    from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig
+    from oc_prefix_cache.rig.build import ensure_rig
+    from oc_prefix_cache.rig.tiny_models import ensure_model
     from oc_prefix_cache.settings import Settings
-    from oc_prefix_cache.tinymodels import ensure_model
 
     settings = Settings.from_env()
     rig = ensure_rig(settings)
     home = Path(tempfile.mkdtemp(prefix="ocpc-bench-"))
-    config = ServerConfig(binary=rig.server, model=ensure_model(rig, model), port=free_port(),
-                          slot_dir=home / "slots", ctx_size=ctx, parallel=parallel, extra_args=("--logit-bias", "151645+30"))
+    config = ServerConfig(
+        binary=rig.server,
+        model=ensure_model(rig, model),
+        port=free_port(),
+        slot_dir=home / "slots",
+        ctx_size=ctx,
+        parallel=parallel,
+        extra_args=("--logit-bias", "151645+30"),
+    )
     server = LlamaServer(config=config, log_path=home / "llama-server.log")
     server.start()
     return server, home
@@ -309,13 +344,16 @@ def hit_arm(runs: int, sizes: list[int]) -> dict[str, Any]:
 def claude_code_arm(runs: int) -> dict[str, Any]:
     """A new Claude Code session's first request (A1, a fresh session id each time): the slot erased
     and no prepare (every token processed) vs through the proxy (the head restored first)."""
-    from oc_prefix_cache.anthropic import to_chat, upstream_body
+    from oc_prefix_cache.chat.anthropic import to_chat, upstream_body
     from oc_prefix_cache.harness import ClaudeCodeAdapter, Incoming
 
     data = json.loads((DATA / "claude-code-2.1.332" / "A1.json").read_text())
     pairs = data["headers"].items() if isinstance(data["headers"], dict) else data["headers"]
-    headers = {str(k).lower(): str(v) for k, v in pairs if str(k).lower() not in (
-        "content-length", "host", "authorization", "connection")}
+    headers = {
+        str(k).lower(): str(v)
+        for k, v in pairs
+        if str(k).lower() not in ("content-length", "host", "authorization", "connection")
+    }
     body = data["body_json"]
     normalised, _ = ClaudeCodeAdapter().normalise(Incoming(api="anthropic", headers=headers, body=body))
     cold = json.dumps(upstream_body(to_chat(normalised))).encode()
@@ -326,20 +364,29 @@ def claude_code_arm(runs: int) -> dict[str, Any]:
             for i in range(runs + 1):
                 session = f"00000000-0000-4000-8000-{i:012d}"
                 loopback.post(f"{server.url}/slots/0?action=erase", timeout=30)
-                elapsed, answer = timed_stream(http, server.url + "/v1/chat/completions", cold,
-                                               {"content-type": "application/json"})
+                elapsed, answer = timed_stream(
+                    http, server.url + "/v1/chat/completions", cold, {"content-type": "application/json"}
+                )
                 if i:
                     rows["without the head"].append((elapsed, _processed(answer)))
-                elapsed, answer = timed_stream(http, proxy.url + "/v1/messages?beta=true",
-                                               json.dumps(body).encode(),
-                                               {**headers, "x-claude-code-session-id": session})
+                elapsed, answer = timed_stream(
+                    http,
+                    proxy.url + "/v1/messages?beta=true",
+                    json.dumps(body).encode(),
+                    {**headers, "x-claude-code-session-id": session},
+                )
                 if i:  # the first round warms the head file (a one-off per configuration)
                     rows["with the head (proxy)"].append((elapsed, _processed(answer)))
     finally:
         server.stop()
-    return {label: {"time_ms": statistics.median(t for t, _ in row) * 1e3,
-                    "tokens_processed": statistics.median(n for _, n in row), "runs": len(row)}
-            for label, row in rows.items()}
+    return {
+        label: {
+            "time_ms": statistics.median(t for t, _ in row) * 1e3,
+            "tokens_processed": statistics.median(n for _, n in row),
+            "runs": len(row),
+        }
+        for label, row in rows.items()
+    }
 
 
 def _processed(answer: bytes) -> int:
@@ -348,7 +395,7 @@ def _processed(answer: bytes) -> int:
     for key in ('"prompt_n":', '"input_tokens":'):
         at = text.rfind(key) if key == '"prompt_n":' else text.find(key)
         if at >= 0:
-            return int(text[at + len(key):].split(",")[0].split("}")[0])
+            return int(text[at + len(key) :].split(",")[0].split("}")[0])
     return -1
 
 
@@ -372,12 +419,14 @@ def main() -> None:
     for arm, rows in results.items():
         print(f"== {arm}")
         for label, row in rows.items():
-            print(f"  {label:34} " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                               for k, v in row.items()))
+            print(
+                f"  {label:34} "
+                + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+            )
 
 
 if __name__ == "__main__":
-    from oc_prefix_cache.process import stop_on_sigterm
+    from oc_prefix_cache.llama.supervisor import stop_on_sigterm
 
     stop_on_sigterm()  # a timeout's SIGTERM stops the servers this bench started
     main()

@@ -32,19 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
-from oc_prefix_cache.llama_process import free_port  # noqa: E402
-from oc_prefix_cache.process import Supervised, stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.proxy import Bounds, Proxy  # noqa: E402
-from oc_prefix_cache.proxy_server import ProxyServer, build_preparer  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.router import RouterProxy  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.tinymodels import FAT, ensure_model  # noqa: E402
+from oc_prefix_cache import loopback
+from oc_prefix_cache.doors.proxy import Bounds, Proxy
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.doors.router import RouterProxy
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import Supervised, stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.tiny_models import FAT, ensure_model
+from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
 
 FLAGS = ("-ub", "512", "--cache-ram", "0", "--metrics", "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024")
@@ -63,19 +62,45 @@ class Bench:
         self.settings.slot_dir.mkdir(parents=True)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.router = Supervised(name="llama-server router", argv=[
-            str(binary), "--models-dir", str(folder), "--models-max", "1", "--host", "127.0.0.1", "--port", str(port),
-            "-c", "65536", "-np", "2", "--slot-save-path", str(self.settings.slot_dir), *FLAGS],
-            health_url=f"{self.url}/health", log_path=work / "router.log")
+        self.router = Supervised(
+            name="llama-server router",
+            argv=[
+                str(binary),
+                "--models-dir",
+                str(folder),
+                "--models-max",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                "65536",
+                "-np",
+                "2",
+                "--slot-save-path",
+                str(self.settings.slot_dir),
+                *FLAGS,
+            ],
+            health_url=f"{self.url}/health",
+            log_path=work / "router.log",
+        )
         self.proxy: ProxyServer | None = None
         self.front: RouterProxy | None = None
         self.n = 0
         self.load_retries = 0  # loads the router refused for a busy model, tried again (``load``)
 
     def start_proxy(self, *, warm: bool) -> None:
-        self.front = RouterProxy(settings=self.settings, server_url=self.url, warm_on_load=warm, make=lambda model: Proxy(
-            settings=self.settings, preparer=build_preparer(self.settings, server_url=self.url, model=model),
-            bounds=BOUNDS))
+        self.front = RouterProxy(
+            settings=self.settings,
+            server_url=self.url,
+            warm_on_load=warm,
+            make=lambda model: Proxy(
+                settings=self.settings,
+                preparer=build_preparer(self.settings, server_url=self.url, model=model),
+                bounds=BOUNDS,
+            ),
+        )
         self.proxy = ProxyServer(self.front, port=0, watch=True)
         self.proxy.start()
 
@@ -103,8 +128,14 @@ class Bench:
         while len(recent := self._recent(model)) <= before and time.monotonic() < end:
             time.sleep(0.1)
         record = recent[-1]
-        return {"action": f"{record['action']}", "slot": record["slot"], "prepare_ms": round(record["ready_ms"], 1),
-                "request_ms": round(request_ms, 1), "prompt_n": timings["prompt_n"], "cache_n": timings["cache_n"]}
+        return {
+            "action": f"{record['action']}",
+            "slot": record["slot"],
+            "prepare_ms": round(record["ready_ms"], 1),
+            "request_ms": round(request_ms, 1),
+            "prompt_n": timings["prompt_n"],
+            "cache_n": timings["cache_n"],
+        }
 
     def _recent(self, model: str) -> list[dict[str, Any]]:
         assert self.proxy is not None
@@ -156,25 +187,36 @@ def run(bench: Bench, *, rounds: int) -> list[dict[str, Any]]:
             bench.session(bench.big)
         bench.stop_proxy()
         for i in range(rounds):
-            for arm in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
+            for arm in ("cold", "warm") if i % 2 == 0 else ("warm", "cold"):
                 bench.start_proxy(warm=arm == "warm")
                 try:
                     bench.evict()
                     before = bench.warm_starts()
                     loader = bench.session(bench.big)
                     bench.pause(warm=arm == "warm", before=before, slots=1)
-                    rows.append({"round": i + 1, "arm": arm, "case": "load by a request: that request",
-                                 **loader})
-                    rows.append({"round": i + 1, "arm": arm, "case": "load by a request: the next session",
-                                 **bench.session(bench.big)})
+                    rows.append({"round": i + 1, "arm": arm, "case": "load by a request: that request", **loader})
+                    rows.append(
+                        {
+                            "round": i + 1,
+                            "arm": arm,
+                            "case": "load by a request: the next session",
+                            **bench.session(bench.big),
+                        }
+                    )
                     bench.evict()
                     before = bench.warm_starts()
                     bench.load(bench.big)
                     while bench.status()[bench.big] != "loaded":
                         time.sleep(0.1)
                     bench.pause(warm=arm == "warm", before=before, slots=2)
-                    rows.append({"round": i + 1, "arm": arm, "case": "load by another client: the first session",
-                                 **bench.session(bench.big)})
+                    rows.append(
+                        {
+                            "round": i + 1,
+                            "arm": arm,
+                            "case": "load by another client: the first session",
+                            **bench.session(bench.big),
+                        }
+                    )
                 finally:
                     bench.stop_proxy()
     finally:
@@ -185,17 +227,28 @@ def run(bench: Bench, *, rounds: int) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]], model: str) -> None:
     print(f"model {model} behind a router (--models-max 1, -np 2); qwen3 evicts it")
-    print(f"{'round':>5} {'arm':<5} {'case':<44} {'action':<9} {'prepare ms':>10} {'request ms':>10} "
-          f"{'processed':>9} {'reused':>7}")
+    print(
+        f"{'round':>5} {'arm':<5} {'case':<44} {'action':<9} {'prepare ms':>10} {'request ms':>10} "
+        f"{'processed':>9} {'reused':>7}"
+    )
     for r in rows:
-        print(f"{r['round']:>5} {r['arm']:<5} {r['case']:<44} {r['action']:<9} {r['prepare_ms']:>10.0f} "
-              f"{r['request_ms']:>10.0f} {r['prompt_n']:>9,} {r['cache_n']:>7,}")
+        print(
+            f"{r['round']:>5} {r['arm']:<5} {r['case']:<44} {r['action']:<9} {r['prepare_ms']:>10.0f} "
+            f"{r['request_ms']:>10.0f} {r['prompt_n']:>9,} {r['cache_n']:>7,}"
+        )
     for case in dict.fromkeys(r["case"] for r in rows):
-        med = {arm: {k: statistics.median(r[k] for r in rows if r["arm"] == arm and r["case"] == case)
-                     for k in ("prepare_ms", "request_ms")} for arm in ("cold", "warm")}
-        print(f"median, {case}: prepare cold {med['cold']['prepare_ms']:.0f} ms, warm {med['warm']['prepare_ms']:.0f} ms;"
-              f" request cold {med['cold']['request_ms']:.0f} ms, warm {med['warm']['request_ms']:.0f} ms "
-              f"({med['cold']['request_ms'] / max(med['warm']['request_ms'], 1e-9):.2f}x)")
+        med = {
+            arm: {
+                k: statistics.median(r[k] for r in rows if r["arm"] == arm and r["case"] == case)
+                for k in ("prepare_ms", "request_ms")
+            }
+            for arm in ("cold", "warm")
+        }
+        print(
+            f"median, {case}: prepare cold {med['cold']['prepare_ms']:.0f} ms, warm {med['warm']['prepare_ms']:.0f} ms;"
+            f" request cold {med['cold']['request_ms']:.0f} ms, warm {med['warm']['request_ms']:.0f} ms "
+            f"({med['cold']['request_ms'] / max(med['warm']['request_ms'], 1e-9):.2f}x)"
+        )
 
 
 def main() -> int:
@@ -213,7 +266,7 @@ def main() -> int:
         rows = run(bench, rounds=1 if args.smoke else args.rounds)
     render(rows, big)
     if bench.load_retries:
-        print(f"the router refused {bench.load_retries} loads for a busy model (\"try again later\"): tried again")
+        print(f'the router refused {bench.load_retries} loads for a busy model ("try again later"): tried again')
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

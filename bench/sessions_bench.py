@@ -46,16 +46,16 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
-from oc_prefix_cache.deadline import Deadline  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.prepare import Preparer  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.slot_client import SlotClient  # noqa: E402
-from oc_prefix_cache.store import Store  # noqa: E402
-from oc_prefix_cache.tinymodels import ensure_model  # noqa: E402
+from oc_prefix_cache import loopback
+from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.engine.prepare import Preparer
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.tiny_models import ensure_model
+from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
 
 FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--cache-ram", "8192", "--metrics")
@@ -80,8 +80,9 @@ class Arm:
 
     def metric(self) -> float:
         text = loopback.get(f"{self.server.url}/metrics", timeout=10).text
-        return next(float(line.split()[1]) for line in text.splitlines()
-                    if line.startswith("llamacpp:prompt_tokens_total"))
+        return next(
+            float(line.split()[1]) for line in text.splitlines() if line.startswith("llamacpp:prompt_tokens_total")
+        )
 
     def restart(self) -> None:
         if self.preparer is not None:  # `ocpc launch` on SIGTERM: park, then stop
@@ -106,16 +107,27 @@ def send(arm: Arm, conv: workload.Conversation, body: dict[str, Any], http: http
     timings = http.post(f"{arm.server.url}/v1/chat/completions", json=sent, timeout=1800).json()["timings"]
     wall_ms = (time.perf_counter() - started) * 1000
     if arm.preparer is not None and result is not None and result.fingerprint:
-        arm.preparer.report(fingerprint=result.fingerprint, cache_n=timings["cache_n"], prompt_n=timings["prompt_n"],
-                            prepare_id=result.prepare_id, predicted_n=timings["predicted_n"])
-    return {"action": action, "prompt_n": timings["prompt_n"], "cache_n": timings["cache_n"],
-            "prepare_ms": prepare_ms, "wall_ms": wall_ms}
+        arm.preparer.report(
+            fingerprint=result.fingerprint,
+            cache_n=timings["cache_n"],
+            prompt_n=timings["prompt_n"],
+            prepare_id=result.prepare_id,
+            predicted_n=timings["predicted_n"],
+        )
+    return {
+        "action": action,
+        "prompt_n": timings["prompt_n"],
+        "cache_n": timings["cache_n"],
+        "prepare_ms": prepare_ms,
+        "wall_ms": wall_ms,
+    }
 
 
 def oracle_tokens(http: httpx.Client, url: str, body: dict[str, Any]) -> list[int]:
     prompt = http.post(f"{url}/apply-template", json=body, timeout=60).json()["prompt"]
-    tokens: list[int] = http.post(f"{url}/tokenize", json={"content": prompt, "add_special": True,
-                                                            "parse_special": True}, timeout=60).json()["tokens"]
+    tokens: list[int] = http.post(
+        f"{url}/tokenize", json={"content": prompt, "add_special": True, "parse_special": True}, timeout=60
+    ).json()["tokens"]
     return tokens
 
 
@@ -124,9 +136,19 @@ def lcp(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: bool,
-                plain_args: tuple[str, ...] = FLAGS, ocpc_args: tuple[str, ...] = FLAGS,
-                limit: int | None = None, short: bool = False, aa: bool = False) -> dict[str, Any]:
+def bench_model(
+    label: str,
+    binary: Path,
+    model: Path,
+    work: Path,
+    *,
+    smoke: bool,
+    plain_args: tuple[str, ...] = FLAGS,
+    ocpc_args: tuple[str, ...] = FLAGS,
+    limit: int | None = None,
+    short: bool = False,
+    aa: bool = False,
+) -> dict[str, Any]:
     """One model's workload on both arms; ``plain_args``/``ocpc_args``: each arm's server flags;
     ``limit``: only the workload's first steps; ``short``: its conversations CI-sized by
     ``workload.shortened`` (both for a smoke run on a slow model); ``aa``: a third arm, plain
@@ -135,15 +157,23 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
     for name in ("plain", "ocpc", *(("plain-again",) if aa else ())):
         home = work / label / name
         settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
-        config = ServerConfig(binary=binary, model=model, port=free_port(),
-                              slot_dir=settings.slot_dir if name == "ocpc" else None, ctx_size=32768,
-                              extra_args=ocpc_args if name == "ocpc" else plain_args)
+        config = ServerConfig(
+            binary=binary,
+            model=model,
+            port=free_port(),
+            slot_dir=settings.slot_dir if name == "ocpc" else None,
+            ctx_size=32768,
+            extra_args=ocpc_args if name == "ocpc" else plain_args,
+        )
         server = LlamaServer(config=config, log_path=work / f"{label}-{name}.log")
         server.start()
         arm = Arm(name, server)
         if name == "ocpc":
-            arm.preparer = Preparer(settings=settings, client=SlotClient(server.url),
-                                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+            arm.preparer = Preparer(
+                settings=settings,
+                client=SlotClient(server.url),
+                store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+            )
         arms.append(arm)
     http = loopback.client()
     seen: list[list[int]] = []
@@ -175,12 +205,17 @@ def bench_model(label: str, binary: Path, model: Path, work: Path, *, smoke: boo
             if arm.preparer is not None:
                 arm.preparer.client.close()
     oracle = sum(oracle_rows)
-    return {"steps": [{"who": p["who"], "oracle": o, "plain": p, "ocpc": q}
-                      for p, q, o in zip(arms[0].rows, arms[1].rows, oracle_rows, strict=True)],
-            "build": binary_label(binary),
-            "oracle": oracle, "totals": totals,
-            "wall_ms": {arm.name: sum(r.get("wall_ms", 0.0) for r in arm.rows) for arm in arms},
-            "counters": dict(arms[1].preparer.stats.counters) if arms[1].preparer else {}}
+    return {
+        "steps": [
+            {"who": p["who"], "oracle": o, "plain": p, "ocpc": q}
+            for p, q, o in zip(arms[0].rows, arms[1].rows, oracle_rows, strict=True)
+        ],
+        "build": binary_label(binary),
+        "oracle": oracle,
+        "totals": totals,
+        "wall_ms": {arm.name: sum(r.get("wall_ms", 0.0) for r in arm.rows) for arm in arms},
+        "counters": dict(arms[1].preparer.stats.counters) if arms[1].preparer else {},
+    }
 
 
 def binary_label(binary: Path) -> str:
@@ -198,15 +233,23 @@ def render(results: dict[str, dict[str, Any]], console: Console) -> None:
             if row["who"] == RESTART:
                 table.add_row(RESTART, "", "", "", "", "", "")
                 continue
-            table.add_row(row["who"], f"{row['oracle']:,}", f"{p['prompt_n']:,} ({p['cache_n']:,})",
-                          f"{q['prompt_n']:,} ({q['cache_n']:,})", q["action"], f"{p['wall_ms']:.0f}",
-                          f"{q['wall_ms']:.0f}")
+            table.add_row(
+                row["who"],
+                f"{row['oracle']:,}",
+                f"{p['prompt_n']:,} ({p['cache_n']:,})",
+                f"{q['prompt_n']:,} ({q['cache_n']:,})",
+                q["action"],
+                f"{p['wall_ms']:.0f}",
+                f"{q['wall_ms']:.0f}",
+            )
         console.print(table)
         oracle, plain, ocpc = res["oracle"], res["totals"]["plain"], res["totals"]["ocpc"]
         wall = res["wall_ms"]
-        console.print(f"{label}: total prompt tokens processed (server /metrics): ideal oracle {oracle:,}; "
-                      f"plain {plain:,.0f} ({plain / oracle:.2f}x oracle); ocpc {ocpc:,.0f} ({ocpc / oracle:.2f}x "
-                      f"oracle); wall time plain {wall['plain'] / 1000:.1f} s, ocpc {wall['ocpc'] / 1000:.1f} s\n")
+        console.print(
+            f"{label}: total prompt tokens processed (server /metrics): ideal oracle {oracle:,}; "
+            f"plain {plain:,.0f} ({plain / oracle:.2f}x oracle); ocpc {ocpc:,.0f} ({ocpc / oracle:.2f}x "
+            f"oracle); wall time plain {wall['plain'] / 1000:.1f} s, ocpc {wall['ocpc'] / 1000:.1f} s\n"
+        )
 
 
 def main() -> int:

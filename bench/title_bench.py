@@ -56,15 +56,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache import loopback  # noqa: E402
-from oc_prefix_cache.launch import family_flags  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_group, stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.server_info import model_family  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.tinymodels import ensure_model  # noqa: E402
+from oc_prefix_cache import loopback
+from oc_prefix_cache.commands.launch import family_flags
+from oc_prefix_cache.llama.server_info import model_family
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_group, stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+from oc_prefix_cache.rig.tiny_models import ensure_model
+from oc_prefix_cache.settings import Settings
 from tests.test_e2e_opencode import BIN, OPENCODE_VERSION  # noqa: E402
 
 ARMS = ("title", "no-title")
@@ -74,14 +74,16 @@ HEAD_MIN = 1000  # a main request carries the head (Gemma 3: ~1.9k tokens, Qwen:
 #: A session's first message, each session its own: a request repeated word for word (the title's,
 #: or a main request of the same project) would be served whole from the server's RAM cache, by
 #: the session of the other arm that sent it first. Both arms draw from the list in turn.
-FIRST = ("list the files in this project and say what each one is for",
-         "why does main.py print hello and not the project's name?",
-         "add a test for main.py that checks what it prints",
-         "explain the rules in AGENTS.md in one short paragraph",
-         "what would it take to turn main.py into a command-line tool?",
-         "rename main.py to app.py and update every reference to it",
-         "is there anything in this project that breaks the AGENTS.md rules?",
-         "write a README for this project, three lines at most")
+FIRST = (
+    "list the files in this project and say what each one is for",
+    "why does main.py print hello and not the project's name?",
+    "add a test for main.py that checks what it prints",
+    "explain the rules in AGENTS.md in one short paragraph",
+    "what would it take to turn main.py into a command-line tool?",
+    "rename main.py to app.py and update every reference to it",
+    "is there anything in this project that breaks the AGENTS.md rules?",
+    "write a README for this project, three lines at most",
+)
 SECOND = "and which of them should I read first?"
 PRIME = "hello, what is in this folder?"
 AGENTS_MD = "# Project A\nUse tabs. Run `make test` before every commit.\n"
@@ -154,16 +156,45 @@ class Tui:
     def __init__(self, tmux: str, sock: Path, binary: Path, env: dict[str, str], project: Path, model: str) -> None:
         self.run = [tmux, "-S", str(sock)]
         keep = ("HOME", "XDG_", "OPENCODE_", "OC_PREFIX_CACHE_", "PATH", "TERM")
-        pairs = [a for k, v in {**env, "PWD": str(project), "TERM": "xterm-256color"}.items()
-                 if k.startswith(keep) for a in ("-e", f"{k}={v}")]
-        subprocess.run([*self.run, "new-session", "-d", "-x", str(PANE[0]), "-y", str(PANE[1]), "-s", "oc",
-                        "-c", str(project), *pairs, f"{binary} --model llamacpp/{model}"], check=True, timeout=30)
-        self.pid = int(subprocess.run([*self.run, "list-panes", "-t", "oc", "-F", "#{pane_pid}"], capture_output=True,
-                                      text=True, check=True, timeout=10).stdout.split()[0])
+        pairs = [
+            a
+            for k, v in {**env, "PWD": str(project), "TERM": "xterm-256color"}.items()
+            if k.startswith(keep)
+            for a in ("-e", f"{k}={v}")
+        ]
+        subprocess.run(
+            [
+                *self.run,
+                "new-session",
+                "-d",
+                "-x",
+                str(PANE[0]),
+                "-y",
+                str(PANE[1]),
+                "-s",
+                "oc",
+                "-c",
+                str(project),
+                *pairs,
+                f"{binary} --model llamacpp/{model}",
+            ],
+            check=True,
+            timeout=30,
+        )
+        self.pid = int(
+            subprocess.run(
+                [*self.run, "list-panes", "-t", "oc", "-F", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.split()[0]
+        )
 
     def screen(self) -> str:
-        return subprocess.run([*self.run, "capture-pane", "-p", "-t", "oc"], capture_output=True, text=True,
-                              check=False, timeout=10).stdout
+        return subprocess.run(
+            [*self.run, "capture-pane", "-p", "-t", "oc"], capture_output=True, text=True, check=False, timeout=10
+        ).stdout
 
     def wait_ready(self, timeout: float = 240) -> None:
         wait_for(lambda: "Ask anything" in self.screen(), "the TUI's prompt", timeout)
@@ -249,8 +280,10 @@ def replies(tasks: list[Task]) -> tuple[list[Task], list[Task]]:
     """The server's tasks that generated a reply (ocpc's own prefills and probes generate
     nothing), split into main requests (they carry the head) and the rest (titles)."""
     answered = [t for t in tasks if t.gen_ms > 0]
-    return ([t for t in answered if t.n_tokens - t.generated >= HEAD_MIN],
-            [t for t in answered if t.n_tokens - t.generated < HEAD_MIN])
+    return (
+        [t for t in answered if t.n_tokens - t.generated >= HEAD_MIN],
+        [t for t in answered if t.n_tokens - t.generated < HEAD_MIN],
+    )
 
 
 def main_requests(events: list[dict[str, Any]], tasks: list[Task], offset: float) -> list[Request]:
@@ -258,17 +291,31 @@ def main_requests(events: list[dict[str, Any]], tasks: list[Task], offset: float
     with the plugin's prepare for it (its answer, or a prepare that failed open: then the
     request went on unprepared). Counts come from the server's log, so a request whose report
     never came (a prepare that failed open has no fingerprint to report on) is counted too."""
-    asked = [e for e in events if (e.get("ev") == "prepare" and e.get("fingerprint"))
-             or (e.get("ev") == "error" and e.get("stage") == "prepare")]
+    asked = [
+        e
+        for e in events
+        if (e.get("ev") == "prepare" and e.get("fingerprint"))
+        or (e.get("ev") == "error" and e.get("stage") == "prepare")
+    ]
     found: list[Request] = []
-    for task, prepare in zip(replies(tasks)[0], asked):
+    for task, prepare in zip(replies(tasks)[0], asked, strict=False):
         sent_at = (prepare["t"] - prepare.get("ms", 0)) / 1000  # the breaker's "not asked" has no ms
         ended = offset + task.end
-        found.append(Request(action=prepare.get("action", "fail-open"), daemon_ms=float(prepare.get("daemon_ms") or 0),
-                             processed=task.processed, reused=task.reused, slot=task.slot,
-                             server_ms=task.prompt_ms + task.gen_ms, latency_ms=(ended - sent_at) * 1000,
-                             sent_at=sent_at, started_at=offset + task.start, ended_at=ended,
-                             reason=prepare.get("reason") or prepare.get("error", "")))
+        found.append(
+            Request(
+                action=prepare.get("action", "fail-open"),
+                daemon_ms=float(prepare.get("daemon_ms") or 0),
+                processed=task.processed,
+                reused=task.reused,
+                slot=task.slot,
+                server_ms=task.prompt_ms + task.gen_ms,
+                latency_ms=(ended - sent_at) * 1000,
+                sent_at=sent_at,
+                started_at=offset + task.start,
+                ended_at=ended,
+                reason=prepare.get("reason") or prepare.get("error", ""),
+            )
+        )
     return found
 
 
@@ -281,22 +328,42 @@ def title_of(tasks: list[Task], mains: list[Request], offset: float) -> Title | 
     task = titles[0]
     span = (offset + task.start, offset + task.end)
     first = mains[0] if mains else None
-    return Title(processed=task.processed, reused=task.reused, ms=task.prompt_ms + task.gen_ms, slot=task.slot,
-                 started_at=span[0], ended_at=span[1],
-                 held_first_ms=_overlap_ms(span, (first.sent_at, first.started_at)) if first else 0.0,
-                 beside_first_ms=_overlap_ms(span, (first.started_at, first.ended_at)) if first else 0.0)
+    return Title(
+        processed=task.processed,
+        reused=task.reused,
+        ms=task.prompt_ms + task.gen_ms,
+        slot=task.slot,
+        started_at=span[0],
+        ended_at=span[1],
+        held_first_ms=_overlap_ms(span, (first.sent_at, first.started_at)) if first else 0.0,
+        beside_first_ms=_overlap_ms(span, (first.started_at, first.ended_at)) if first else 0.0,
+    )
 
 
 class Bench:
     def __init__(self, work: Path, *, model: str, model_path: Path, binary: Path, slots: int) -> None:
         self.work, self.model, self.slots = work, model, slots
         self.settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(work / "ocpc")})
-        extra = (*(REAL_MODELS[model].server_args if model in REAL_MODELS else ()),
-                 *(a for f in family_flags(model_family(str(model_path))) for a in f.args()),
-                 *LAUNCH, "--log-timestamps", "-t", str(max(1, (os.cpu_count() or 2) - 1)))
-        self.server = LlamaServer(config=ServerConfig(
-            binary=binary, model=model_path, port=free_port(), slot_dir=self.settings.slot_dir,
-            ctx_size=32768 * slots, parallel=slots, extra_args=extra), log_path=work / "server.log")
+        extra = (
+            *(REAL_MODELS[model].server_args if model in REAL_MODELS else ()),
+            *(a for f in family_flags(model_family(str(model_path))) for a in f.args()),
+            *LAUNCH,
+            "--log-timestamps",
+            "-t",
+            str(max(1, (os.cpu_count() or 2) - 1)),
+        )
+        self.server = LlamaServer(
+            config=ServerConfig(
+                binary=binary,
+                model=model_path,
+                port=free_port(),
+                slot_dir=self.settings.slot_dir,
+                ctx_size=32768 * slots,
+                parallel=slots,
+                extra_args=extra,
+            ),
+            log_path=work / "server.log",
+        )
         self.daemon: subprocess.Popen[bytes] | None = None
         self.daemon_port = free_port()
         self.project = work / "project"
@@ -309,13 +376,22 @@ class Bench:
     def env(self, arm: str) -> dict[str, str]:
         home = self.work / arm / "home"
         scripts = sysconfig.get_path("scripts")  # rg for OpenCode's tools, from the test extra
-        return {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
-                "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
-                "XDG_STATE_HOME": str(home / "state"), "OC_PREFIX_CACHE_HOME": str(self.work / "ocpc"),
-                "OC_PREFIX_CACHE_DAEMON_PORT": str(self.daemon_port), "OC_PREFIX_CACHE_BASE_URL": self.server.url,
-                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-                "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-                "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}
+        return {
+            **os.environ,
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / "config"),
+            "XDG_DATA_HOME": str(home / "data"),
+            "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_STATE_HOME": str(home / "state"),
+            "OC_PREFIX_CACHE_HOME": str(self.work / "ocpc"),
+            "OC_PREFIX_CACHE_DAEMON_PORT": str(self.daemon_port),
+            "OC_PREFIX_CACHE_BASE_URL": self.server.url,
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
 
     def start(self) -> None:
         self.project.mkdir(parents=True, exist_ok=True)
@@ -328,24 +404,47 @@ class Bench:
             for sub in ("config", "data", "cache", "state"):
                 Path(env["HOME"], sub).mkdir(parents=True, exist_ok=True)
             said = subprocess.run(
-                [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", self.server.url,
-                 "--model", self.model,
-                 "--output-limit", str(OUTPUT_LIMIT), "--opencode-version", OPENCODE_VERSION,
-                 "--keep-title" if arm == "title" else "--no-keep-title"],
-                env=env, capture_output=True, text=True, timeout=900, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "oc_prefix_cache",
+                    "install",
+                    "--base-url",
+                    self.server.url,
+                    "--model",
+                    self.model,
+                    "--output-limit",
+                    str(OUTPUT_LIMIT),
+                    "--opencode-version",
+                    OPENCODE_VERSION,
+                    "--keep-title" if arm == "title" else "--no-keep-title",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
             if said.returncode != 0:
                 raise SystemExit(f"ocpc install failed: {said.stderr[-2000:]}")
         with open(self.work / "daemon.log", "ab") as out:
-            self.daemon = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "daemon", "--server",
-                                            self.server.url, "-v"], env=self.env(ARMS[0]), stdout=out,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+            self.daemon = subprocess.Popen(
+                [sys.executable, "-m", "oc_prefix_cache", "daemon", "--server", self.server.url, "-v"],
+                env=self.env(ARMS[0]),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_for(lambda: _up(f"http://127.0.0.1:{self.daemon_port}/health"), "the daemon", 60)
 
     def _calibrate(self) -> float:
         """The server log's clock against the wall clock: one short completion, whose end the
         log stamps just before the answer leaves."""
-        loopback.post(f"{self.server.url}/completion", json={"prompt": "calibrate", "n_predict": 2,
-                                                             "cache_prompt": False}, timeout=120).raise_for_status()
+        loopback.post(
+            f"{self.server.url}/completion",
+            json={"prompt": "calibrate", "n_predict": 2, "cache_prompt": False},
+            timeout=120,
+        ).raise_for_status()
         done = time.time()
         tasks = server_tasks(self.server.log_path.read_text(errors="replace"))
         return done - tasks[-1].end
@@ -368,8 +467,9 @@ class Bench:
 
     def session(self, arm: str, number: int, first: str) -> Session:
         log = self.settings.log_dir / "plugin.jsonl"
-        tui = Tui(self.tmux, self.work / f"tmux-{arm}-{number}.sock", self.opencode, self.env(arm), self.project,
-                  self.model)
+        tui = Tui(
+            self.tmux, self.work / f"tmux-{arm}-{number}.sock", self.opencode, self.env(arm), self.project, self.model
+        )
         marks: list[tuple[int, int]] = []
         try:
             tui.wait_ready()
@@ -385,18 +485,25 @@ class Bench:
             tui.close()
         text = self.server.log_path.read_bytes()
         events = [plugin_events(log, marks[0][0])[: marks[1][0] - marks[0][0]], plugin_events(log, marks[1][0])]
-        tasks = [server_tasks(text[marks[0][1]:marks[1][1]].decode(errors="replace")),
-                 server_tasks(text[marks[1][1]:].decode(errors="replace"))]
+        tasks = [
+            server_tasks(text[marks[0][1] : marks[1][1]].decode(errors="replace")),
+            server_tasks(text[marks[1][1] :].decode(errors="replace")),
+        ]
         firsts = main_requests(events[0], tasks[0], self.offset)
         seconds = main_requests(events[1], tasks[1], self.offset)
         title_prepare = next((e for e in events[0] if e.get("ev") == "prepare" and not e.get("fingerprint")), {})
         return Session(
-            arm=arm, round=number, message=first, title=title_of(tasks[0], firsts, self.offset),
+            arm=arm,
+            round=number,
+            message=first,
+            title=title_of(tasks[0], firsts, self.offset),
             title_prepare=f"{title_prepare.get('action', '-')}: {title_prepare.get('reason', '')}"[:200],
-            first=firsts[0] if firsts else None, second=seconds[0] if seconds else None,
+            first=firsts[0] if firsts else None,
+            second=seconds[0] if seconds else None,
             processed_total=sum(t.processed for t in tasks[0] + tasks[1]),
             enter_to_answer_ms=(firsts[0].ended_at - sent) * 1000 if firsts else float("nan"),
-            tasks=[asdict(t) for t in tasks[0] + tasks[1]])
+            tasks=[asdict(t) for t in tasks[0] + tasks[1]],
+        )
 
 
 def _up(url: str) -> bool:
@@ -417,7 +524,7 @@ def run(model: str, slots: int, rounds: int, work: Path) -> list[Session]:
         for arm in ARMS:  # the first session of each arm warms the head and the project head: not counted
             bench.session(arm, 0, PRIME)
         for i in range(1, rounds + 1):
-            for arm in (ARMS if i % 2 else ARMS[::-1]):
+            for arm in ARMS if i % 2 else ARMS[::-1]:
                 sessions.append(bench.session(arm, i, FIRST[len(sessions) % len(FIRST)]))
                 with open(work / "sessions.jsonl", "a") as out:  # kept as they come: a long run may be cut
                     out.write(json.dumps(asdict(sessions[-1]), default=str) + "\n")
@@ -439,22 +546,29 @@ def _spread(values: list[float]) -> str:
 def _cell(request: Request | None) -> str:
     if request is None:
         return f"{'-':<9} {'-':>6} {'-':>11} {'-':>5} {'-':>7}"
-    return (f"{request.action:<9} {request.daemon_ms:>6.0f} {f'{request.processed}/{request.reused}':>11} "
-            f"{request.slot:>5} {request.latency_ms:>7.0f}")
+    return (
+        f"{request.action:<9} {request.daemon_ms:>6.0f} {f'{request.processed}/{request.reused}':>11} "
+        f"{request.slot:>5} {request.latency_ms:>7.0f}"
+    )
 
 
 def render(sessions: list[Session], *, model: str, slots: int) -> dict[str, Any]:
     print(f"\nmodel {model}, -np {slots}: a new OpenCode TUI session, two messages ({len(sessions) // 2} per arm)")
     print(f"{'':14} {'title request':^39} | {'first main request':^44} | {'second main request':^44} |")
-    print(f"{'round':>5} {'arm':<8} {'proc/reused':>11} {'ms':>5} {'slot':>4} {'held':>6} {'beside':>6} | "
-          f"{'action':<9} {'dmn ms':>6} {'proc/reused':>11} {'slot':>5} {'ms':>7} | "
-          f"{'action':<9} {'dmn ms':>6} {'proc/reused':>11} {'slot':>5} {'ms':>7} | {'Enter->1st':>10}")
+    print(
+        f"{'round':>5} {'arm':<8} {'proc/reused':>11} {'ms':>5} {'slot':>4} {'held':>6} {'beside':>6} | "
+        f"{'action':<9} {'dmn ms':>6} {'proc/reused':>11} {'slot':>5} {'ms':>7} | "
+        f"{'action':<9} {'dmn ms':>6} {'proc/reused':>11} {'slot':>5} {'ms':>7} | {'Enter->1st':>10}"
+    )
     for s in sessions:
         t = s.title
-        title = (f"{f'{t.processed}/{t.reused}':>11} {t.ms:>5.0f} {t.slot:>4} {t.held_first_ms:>6.0f} "
-                 f"{t.beside_first_ms:>6.0f}" if t else f"{'-':>11} {'-':>5} {'-':>4} {'-':>6} {'-':>6}")
-        print(f"{s.round:>5} {s.arm:<8} {title} | {_cell(s.first)} | {_cell(s.second)} | "
-              f"{s.enter_to_answer_ms:>10.0f}")
+        title = (
+            f"{f'{t.processed}/{t.reused}':>11} {t.ms:>5.0f} {t.slot:>4} {t.held_first_ms:>6.0f} "
+            f"{t.beside_first_ms:>6.0f}"
+            if t
+            else f"{'-':>11} {'-':>5} {'-':>4} {'-':>6} {'-':>6}"
+        )
+        print(f"{s.round:>5} {s.arm:<8} {title} | {_cell(s.first)} | {_cell(s.second)} | {s.enter_to_answer_ms:>10.0f}")
     summary: dict[str, Any] = {}
     for arm in ARMS:
         rows = [s for s in sessions if s.arm == arm]
@@ -474,19 +588,25 @@ def render(sessions: list[Session], *, model: str, slots: int) -> dict[str, Any]
             "title_held_first_ms": _spread([t.held_first_ms for t in titles]),
             "title_beside_first_ms": _spread([t.beside_first_ms for t in titles]),
             "title_other_slot": f"{sum(1 for s in rows if s.title and s.first and s.title.slot != s.first.slot)} "
-                                f"of {len(titles)}",
+            f"of {len(titles)}",
         }
     on, off = summary["title"], summary["no-title"]
     print("medians (lowest-highest), title on vs off:")
-    for key, what in (("enter_to_answer_ms", "Enter to the first answer, ms"),
-                      ("first_ms", "the first request, ms (OpenCode handed it over -> its answer's end)"),
-                      ("first_server_ms", "  its server time, ms"), ("first_daemon_ms", "  its prepare, ms"),
-                      ("first_processed", "  its prompt tokens processed"), ("second_ms", "the second request, ms"),
-                      ("session_processed", "prompt tokens the server processed in the session")):
+    for key, what in (
+        ("enter_to_answer_ms", "Enter to the first answer, ms"),
+        ("first_ms", "the first request, ms (OpenCode handed it over -> its answer's end)"),
+        ("first_server_ms", "  its server time, ms"),
+        ("first_daemon_ms", "  its prepare, ms"),
+        ("first_processed", "  its prompt tokens processed"),
+        ("second_ms", "the second request, ms"),
+        ("session_processed", "prompt tokens the server processed in the session"),
+    ):
         print(f"  {what:<70} {on[key]:>22} vs {off[key]}")
-    print(f"  the title request: {on['title_processed']} tokens processed, {on['title_reused']} reused, "
-          f"{on['title_ms']} ms; ran in front of the first request (which waited) {on['title_held_first_ms']} ms, "
-          f"beside it {on['title_beside_first_ms']} ms; on another slot in {on['title_other_slot']}")
+    print(
+        f"  the title request: {on['title_processed']} tokens processed, {on['title_reused']} reused, "
+        f"{on['title_ms']} ms; ran in front of the first request (which waited) {on['title_held_first_ms']} ms, "
+        f"beside it {on['title_beside_first_ms']} ms; on another slot in {on['title_other_slot']}"
+    )
     return summary
 
 
@@ -508,8 +628,9 @@ def load(path: Path) -> tuple[str, list[tuple[int, list[Session]]]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="gemma3",
-                        help="gemma3 (default: Gemma 3 270M), or qwen3 / qwen35 (tiny: -np 1 only)")
+    parser.add_argument(
+        "--model", default="gemma3", help="gemma3 (default: Gemma 3 270M), or qwen3 / qwen35 (tiny: -np 1 only)"
+    )
     parser.add_argument("--slots", default="1,2", help="comma-separated -np values")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="the mechanics: qwen3, -np 1, one round")

@@ -34,12 +34,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oc_prefix_cache.deadline import Deadline  # noqa: E402
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port  # noqa: E402
-from oc_prefix_cache.process import stop_on_sigterm  # noqa: E402
-from oc_prefix_cache.rig import ensure_rig  # noqa: E402
-from oc_prefix_cache.settings import Settings  # noqa: E402
-from oc_prefix_cache.tinymodels import FAT, ensure_model  # noqa: E402
+from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import ensure_rig
+from oc_prefix_cache.rig.tiny_models import FAT, ensure_model
+from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
 from tests.test_parking import Turns  # noqa: E402
 
@@ -48,8 +48,12 @@ FLAGS = ("-ub", "512", "--cache-ram", "0", "--metrics")
 
 def run(binary: Path, model: Path, work: Path, *, rounds: int) -> list[dict[str, Any]]:
     settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_HOME": str(work / "home")})
-    server = LlamaServer(config=ServerConfig(binary=binary, model=model, port=free_port(), slot_dir=settings.slot_dir,
-                                             ctx_size=32768, extra_args=FLAGS), log_path=work / "server.log")
+    server = LlamaServer(
+        config=ServerConfig(
+            binary=binary, model=model, port=free_port(), slot_dir=settings.slot_dir, ctx_size=32768, extra_args=FLAGS
+        ),
+        log_path=work / "server.log",
+    )
     server.start()
     rows: list[dict[str, Any]] = []
     try:
@@ -57,7 +61,7 @@ def run(binary: Path, model: Path, work: Path, *, rounds: int) -> list[dict[str,
         first.turn(workload.parent("ses_first"))  # warms the head, saves it and the project head
         first.close()
         for i in range(rounds):
-            for arm in (("cold", "warm") if i % 2 == 0 else ("warm", "cold")):
+            for arm in ("cold", "warm") if i % 2 == 0 else ("warm", "cold"):
                 server.restart()
                 turns = Turns(server.url, settings)
                 try:
@@ -68,11 +72,19 @@ def run(binary: Path, model: Path, work: Path, *, rounds: int) -> list[dict[str,
                         warm_ms = (time.perf_counter() - started) * 1000
                     started = time.perf_counter()
                     result, timings = turns.turn(workload.parent(f"ses_{arm}_{i}"))
-                    rows.append({"round": i + 1, "arm": arm, "action": f"{result.action}/{result.source or '-'}",
-                                 "prepare_ms": round(result.elapsed_ms, 1),
-                                 "request_ms": round((time.perf_counter() - started) * 1000, 1),
-                                 "prompt_n": timings.prompt_n, "cache_n": timings.cache_n,
-                                 "warm_start_ms": None if warm_ms is None else round(warm_ms, 1), "said": said})
+                    rows.append(
+                        {
+                            "round": i + 1,
+                            "arm": arm,
+                            "action": f"{result.action}/{result.source or '-'}",
+                            "prepare_ms": round(result.elapsed_ms, 1),
+                            "request_ms": round((time.perf_counter() - started) * 1000, 1),
+                            "prompt_n": timings.prompt_n,
+                            "cache_n": timings.cache_n,
+                            "warm_start_ms": None if warm_ms is None else round(warm_ms, 1),
+                            "said": said,
+                        }
+                    )
                 finally:
                     turns.close()
     finally:
@@ -82,17 +94,23 @@ def run(binary: Path, model: Path, work: Path, *, rounds: int) -> list[dict[str,
 
 def render(rows: list[dict[str, Any]], model: str) -> None:
     print(f"model {model}; the first request of a new session after a server restart")
-    print(f"{'round':>5} {'arm':<5} {'action':<14} {'prepare ms':>10} {'request ms':>10} {'processed':>9} "
-          f"{'reused':>7} {'warm start ms':>13}")
+    print(
+        f"{'round':>5} {'arm':<5} {'action':<14} {'prepare ms':>10} {'request ms':>10} {'processed':>9} "
+        f"{'reused':>7} {'warm start ms':>13}"
+    )
     for r in rows:
         warm = "" if r["warm_start_ms"] is None else f"{r['warm_start_ms']:.0f}"
-        print(f"{r['round']:>5} {r['arm']:<5} {r['action']:<14} {r['prepare_ms']:>10.0f} {r['request_ms']:>10.0f} "
-              f"{r['prompt_n']:>9,} {r['cache_n']:>7,} {warm:>13}")
+        print(
+            f"{r['round']:>5} {r['arm']:<5} {r['action']:<14} {r['prepare_ms']:>10.0f} {r['request_ms']:>10.0f} "
+            f"{r['prompt_n']:>9,} {r['cache_n']:>7,} {warm:>13}"
+        )
     median = {arm: statistics.median(r["request_ms"] for r in rows if r["arm"] == arm) for arm in ("cold", "warm")}
     prepare = {arm: statistics.median(r["prepare_ms"] for r in rows if r["arm"] == arm) for arm in ("cold", "warm")}
-    print(f"median first request: cold {median['cold']:.0f} ms, warm {median['warm']:.0f} ms "
-          f"({median['cold'] / max(median['warm'], 1e-9):.2f}x); its prepare: cold {prepare['cold']:.0f} ms, "
-          f"warm {prepare['warm']:.0f} ms")
+    print(
+        f"median first request: cold {median['cold']:.0f} ms, warm {median['warm']:.0f} ms "
+        f"({median['cold'] / max(median['warm'], 1e-9):.2f}x); its prepare: cold {prepare['cold']:.0f} ms, "
+        f"warm {prepare['warm']:.0f} ms"
+    )
     for line in next((r["said"] for r in rows if r["said"]), []):
         print(f"warm start said: {line}")
 

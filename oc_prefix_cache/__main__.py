@@ -1,3 +1,3 @@
-from .cli import app
+from oc_prefix_cache.cli import app
 
 app()

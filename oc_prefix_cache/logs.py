@@ -3,7 +3,7 @@
 Messages carry strings a client chose (a session id from ``metadata.user_id``, a conversation
 key, a model name, a path): a newline in one would start a forged line ("... ERROR ..."), so
 every message is escaped to one line (``OneLine``). A traceback, which is ours, stays as it is.
-The log files are 0600 in a 0700 folder (privacy.py): they hold session ids and paths.
+The log files are 0600 in a 0700 folder (disk/privacy.py): they hold session ids and paths.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging.handlers
 import re
 from pathlib import Path
 
-from .files import private_dir, private_opener
+from oc_prefix_cache.files import private_dir, private_opener
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # C0 controls, DEL, C1 controls and the Unicode line and paragraph separators
@@ -24,8 +24,12 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def one_line(text: str) -> str:
     """``text`` with every control character escaped (``\\n``, ``\\x1b``, ``\\u2028``)."""
-    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                             else f"\\u{ord(m.group()):04x}"), text)
+    return _CONTROL.sub(
+        lambda m: _NAMED.get(
+            m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"
+        ),
+        text,
+    )
 
 
 class OneLine(logging.Formatter):
@@ -44,8 +48,7 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A rotating log whose every file (the first, and each after a rollover) is created 0600."""
 
     def _open(self) -> io.TextIOWrapper:
-        stream = open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors,
-                      opener=private_opener)
+        stream = open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=private_opener)
         assert isinstance(stream, io.TextIOWrapper)  # a text mode ("a")
         return stream
 

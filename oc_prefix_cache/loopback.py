@@ -22,7 +22,7 @@ come here. ``tests/test_loopback.py`` fails when any other module of the package
 
 The agents are another matter: they honour these variables on their way to ocpc's proxy
 and llama-server; ``ocpc doctor`` and ``ocpc install`` say when ``NO_PROXY`` does not cover
-127.0.0.1 (``proxy_env.py``).
+127.0.0.1 (``commands/proxy_env.py``).
 
 ``map_errors`` is where an httpx failure becomes one of ocpc's errors (errors.py).
 """
@@ -35,21 +35,31 @@ from typing import Any
 
 import httpx
 
-from .errors import ServerTimeout, ServerUnreachable
+from oc_prefix_cache.errors import ServerTimeout, ServerUnreachable
 
 DEFAULT_TIMEOUT = httpx.Timeout(5.0)
 
 Timeout = float | httpx.Timeout
 
 
-def client(base_url: str = "", *, timeout: Timeout = DEFAULT_TIMEOUT,
-           transport: httpx.BaseTransport | None = None, **kwargs: Any) -> httpx.Client:
+def client(
+    base_url: str = "",
+    *,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    transport: httpx.BaseTransport | None = None,
+    **kwargs: Any,
+) -> httpx.Client:
     """A client that never goes through a proxy from the environment (see the module)."""
     return httpx.Client(base_url=base_url, timeout=timeout, transport=transport, trust_env=False, **kwargs)
 
 
-def async_client(base_url: str = "", *, timeout: Timeout = DEFAULT_TIMEOUT,
-                 transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> httpx.AsyncClient:
+def async_client(
+    base_url: str = "",
+    *,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    transport: httpx.AsyncBaseTransport | None = None,
+    **kwargs: Any,
+) -> httpx.AsyncClient:
     """The asyncio twin of ``client``."""
     return httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport, trust_env=False, **kwargs)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import platformdirs
 
-from .errors import ConfigError
+from oc_prefix_cache.errors import ConfigError
 
 APP_NAME = "oc-prefix-cache"
 
@@ -111,7 +111,7 @@ class Settings:
     rig_dir: Path
     pypi_url: str
     llama_server: Path | None
-    slot_versions: frozenset[int] = frozenset({2, 3, 4})  # slot-file versions read as known (slotfile.py)
+    slot_versions: frozenset[int] = frozenset({2, 3, 4})  # slot-file versions read as known (disk/slotfile.py)
 
     @property
     def normalisations_off(self) -> frozenset[str]:
@@ -128,7 +128,7 @@ class Settings:
 
     @property
     def capabilities_path(self) -> Path:
-        """What each server binary and model did in ocpc's self-test (capability.py)."""
+        """What each server binary and model did in ocpc's self-test (engine/capability.py)."""
         return self.home / "capabilities.json"
 
     @property
@@ -176,10 +176,13 @@ class Settings:
             daemon_port=_port(env, "OC_PREFIX_CACHE_DAEMON_PORT", 8765),
             proxy_port=_port(env, "OC_PREFIX_CACHE_PROXY_PORT", 8766),
             park_min_tokens=_int(env, "OC_PREFIX_CACHE_PARK_MIN_TOKENS", 256, minimum=0, maximum=MAX_INT),
-            park_ahead_s=_optional_float(env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0, maximum=MAX_PARK_AHEAD_S,
-                                         unit="seconds"),
+            park_ahead_s=_optional_float(
+                env, "OC_PREFIX_CACHE_PARK_AHEAD_S", 1.0, maximum=MAX_PARK_AHEAD_S, unit="seconds"
+            ),
             adapters=_adapters(env.get("OC_PREFIX_CACHE_ADAPTERS", ",".join(sorted(ADAPTER_NAMES)))),
-            normalise_off=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_OFF", ""), "OC_PREFIX_CACHE_NORMALISE_OFF"),
+            normalise_off=_normalisations(
+                env.get("OC_PREFIX_CACHE_NORMALISE_OFF", ""), "OC_PREFIX_CACHE_NORMALISE_OFF"
+            ),
             normalise_on=_normalisations(env.get("OC_PREFIX_CACHE_NORMALISE_ON", ""), "OC_PREFIX_CACHE_NORMALISE_ON"),
             rig_dir=Path(rig_raw) if rig_raw else Path(platformdirs.user_cache_dir(APP_NAME)) / "rig",
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
@@ -206,11 +209,13 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int, maxim
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number; give one from {minimum} to {maximum} "
-                          f"(default {default})") from None
+        raise ConfigError(
+            f"{name}={raw!r} is not a whole number; give one from {minimum} to {maximum} (default {default})"
+        ) from None
     if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be >= {minimum}; give one from {minimum} to {maximum} "
-                          f"(default {default})")
+        raise ConfigError(
+            f"{name}={raw!r} must be >= {minimum}; give one from {minimum} to {maximum} (default {default})"
+        )
     if value > maximum:
         raise ConfigError(f"{name}={raw!r} is too large; give one from {minimum} to {maximum} (default {default})")
     return value
@@ -227,8 +232,9 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         value = -1
     if not 1 <= value <= MAX_PORT:
-        raise ConfigError(f"{name}={raw!r} is not a TCP port: give a free port from 1 to {MAX_PORT} "
-                          f"(default {default})")
+        raise ConfigError(
+            f"{name}={raw!r} is not a TCP port: give a free port from 1 to {MAX_PORT} (default {default})"
+        )
     return value
 
 
@@ -241,21 +247,25 @@ def _float(env: Mapping[str, str], name: str, default: float, *, maximum: float)
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; give one from 0 to {maximum:g} "
-                          f"(default {default:g})") from None
+        raise ConfigError(
+            f"{name}={raw!r} is not a number; give one from 0 to {maximum:g} (default {default:g})"
+        ) from None
     if not math.isfinite(value):
-        raise ConfigError(f"{name}={raw!r} is not a finite number; give a plain number from 0 to {maximum:g} "
-                          f"(default {default:g})")
+        raise ConfigError(
+            f"{name}={raw!r} is not a finite number; give a plain number from 0 to {maximum:g} (default {default:g})"
+        )
     if value < 0:
-        raise ConfigError(f"{name}={raw!r} must not be negative; give a number from 0 to {maximum:g} "
-                          f"(default {default:g})")
+        raise ConfigError(
+            f"{name}={raw!r} must not be negative; give a number from 0 to {maximum:g} (default {default:g})"
+        )
     if value > maximum:
         raise ConfigError(f"{name}={raw!r} is too large; give a number from 0 to {maximum:g} (default {default:g})")
     return value
 
 
-def _optional_float(env: Mapping[str, str], name: str, default: float | None, *, maximum: float,
-                    unit: str = "GB") -> float | None:
+def _optional_float(
+    env: Mapping[str, str], name: str, default: float | None, *, maximum: float, unit: str = "GB"
+) -> float | None:
     """A positive, finite amount up to ``maximum``, or None for ``off`` (also ``none`` and ``0``);
     unset: ``default``."""
     raw = env.get(name, "").strip().lower()
@@ -285,13 +295,21 @@ def _markers(raw: str) -> tuple[str, ...]:
     return markers
 
 
-ADAPTER_NAMES = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "kilo-code", "aider",
-                           "cline", "openhands", "generic"})
+ADAPTER_NAMES = frozenset(
+    {"opencode", "claude-code", "pi", "codex", "qwen-code", "kilo-code", "aider", "cline", "openhands", "generic"}
+)
 
 
 #: Every body normalisation an adapter may make (docs/harnesses.md says what each does and costs).
-NORMALISATIONS = frozenset({"drop-billing-header", "system-entries-as-user", "strip-cache-control",
-                            "environment-to-system", "merge-developer-messages"})
+NORMALISATIONS = frozenset(
+    {
+        "drop-billing-header",
+        "system-entries-as-user",
+        "strip-cache-control",
+        "environment-to-system",
+        "merge-developer-messages",
+    }
+)
 
 
 #: Normalisations that move text the model reads: off unless switched on (OC_PREFIX_CACHE_NORMALISE_ON).
@@ -311,8 +329,9 @@ def _normalisations(raw: str, name: str) -> frozenset[str]:
 def _versions(raw: str) -> frozenset[int]:
     parts = [part.strip() for part in raw.split(",") if part.strip()]
     if not all(part.isdigit() and len(part) < 10 for part in parts):
-        raise ConfigError(f"OC_PREFIX_CACHE_SLOT_VERSIONS={raw!r}: give slot-file version numbers, comma-separated "
-                          "(default 2,3,4)")
+        raise ConfigError(
+            f"OC_PREFIX_CACHE_SLOT_VERSIONS={raw!r}: give slot-file version numbers, comma-separated (default 2,3,4)"
+        )
     return frozenset(int(part) for part in parts)
 
 
@@ -320,6 +339,8 @@ def _adapters(raw: str) -> frozenset[str]:
     names = frozenset(n for n in (part.strip() for part in raw.split(",")) if n)
     unknown = names - ADAPTER_NAMES - {"none"}
     if unknown:
-        raise ConfigError(f"OC_PREFIX_CACHE_ADAPTERS names {sorted(unknown)}; use any of "
-                          f"{sorted(ADAPTER_NAMES)}, or 'none' to change no request")
+        raise ConfigError(
+            f"OC_PREFIX_CACHE_ADAPTERS names {sorted(unknown)}; use any of "
+            f"{sorted(ADAPTER_NAMES)}, or 'none' to change no request"
+        )
     return names - {"none"}

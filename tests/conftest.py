@@ -21,17 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from oc_prefix_cache.launch import family_flags
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.process import stop_on_sigterm
-from oc_prefix_cache.realmodels import REAL_MODELS, ensure_real_model
-from oc_prefix_cache.rig import Rig, ensure_rig, machine_key
-from oc_prefix_cache.server_info import model_family
+from oc_prefix_cache.commands.launch import family_flags
+from oc_prefix_cache.llama.server_info import model_family
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.llama.supervisor import stop_on_sigterm
+from oc_prefix_cache.rig.build import Rig, ensure_rig, machine_key
+from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
+from oc_prefix_cache.rig.tiny_models import SPECS, ensure_model
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.tinymodels import SPECS, ensure_model
-
-from .helpers import TEST_SERVER_ARGS
-from .proxy_stub import NO_PROXY_VARS, PROXY_VARS, RecordingProxy, upstream_of
+from tests.helpers import TEST_SERVER_ARGS
+from tests.proxy_stub import NO_PROXY_VARS, PROXY_VARS, RecordingProxy, upstream_of
 
 # Resolved at import, from the real environment: the one path tests share with the home.
 RIG_DIR = Settings.from_env().rig_dir
@@ -97,8 +96,10 @@ def nothing_reaches_the_proxy_stub(proxy_stub: RecordingProxy) -> Iterator[None]
     """A test fails when a request for this machine went to the proxy the environment names."""
     yield
     hits = proxy_stub.take()
-    assert not hits, ("requests for this machine went to the proxy in HTTP_PROXY & co. (they must go "
-                      f"directly: oc_prefix_cache/loopback.py; agents get NO_PROXY): {[h.line for h in hits]}")
+    assert not hits, (
+        "requests for this machine went to the proxy in HTTP_PROXY & co. (they must go "
+        f"directly: oc_prefix_cache/loopback.py; agents get NO_PROXY): {[h.line for h in hits]}"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -107,8 +108,12 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for sub in ("config", "data", "cache", "state"):
         (home / sub).mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
-    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"),
-                     ("XDG_CACHE_HOME", "cache"), ("XDG_STATE_HOME", "state")):
+    for var, sub in (
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_STATE_HOME", "state"),
+    ):
         monkeypatch.setenv(var, str(home / sub))
     monkeypatch.setenv("OC_PREFIX_CACHE_HOME", str(tmp_path / "ocpc"))
     monkeypatch.setenv("OC_PREFIX_CACHE_RIG_DIR", str(RIG_DIR))
@@ -143,8 +148,10 @@ ServerFactory = Callable[..., LlamaServer]
 @pytest.fixture(scope="session")
 def family_args(models: dict[str, Path]) -> Callable[[str], tuple[str, ...]]:
     """A model's family flags as `ocpc launch` adds them (--swa-full for the SWA model)."""
+
     def args(model: str) -> tuple[str, ...]:
         return tuple(arg for flag in family_flags(model_family(str(models[model]))) for arg in flag.args())
+
     return args
 
 
@@ -153,14 +160,24 @@ def llama_server(rig: Rig, models: dict[str, Path], tmp_path: Path) -> Iterator[
     """Start real llama-servers; each is stopped by PID when the test ends, pass or fail."""
     started: list[LlamaServer] = []
 
-    def start(model: str = "qwen35", *, slot_dir: Path | None | str = "default",
-              ctx_size: int = 16384, parallel: int = 1, extra_args: tuple[str, ...] = ()) -> LlamaServer:
+    def start(
+        model: str = "qwen35",
+        *,
+        slot_dir: Path | None | str = "default",
+        ctx_size: int = 16384,
+        parallel: int = 1,
+        extra_args: tuple[str, ...] = (),
+    ) -> LlamaServer:
         slots = tmp_path / "ocpc" / "slots" if slot_dir == "default" else slot_dir
         needs = REAL_MODELS[model].server_args if model in REAL_MODELS else ()  # what this machine needs
         config = ServerConfig(
-            binary=rig.server, model=models[model], port=free_port(),
+            binary=rig.server,
+            model=models[model],
+            port=free_port(),
             slot_dir=Path(slots) if slots is not None else None,
-            ctx_size=ctx_size, parallel=parallel, extra_args=(*needs, *TEST_SERVER_ARGS, *extra_args),
+            ctx_size=ctx_size,
+            parallel=parallel,
+            extra_args=(*needs, *TEST_SERVER_ARGS, *extra_args),
         )
         server = LlamaServer(config=config, log_path=tmp_path / f"llama-server-{len(started)}.log")
         started.append(server)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .conftest import RIG_DIR, outward_environ
+from tests.conftest import RIG_DIR, outward_environ
 
 
 @dataclass(frozen=True)
@@ -50,16 +50,27 @@ def _npm(package: str, folder: Path) -> None:
     npm = shutil.which("npm")
     assert npm, f"npm is needed to install {package} for the end-to-end test"
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run([npm, "install", "--no-audit", "--no-fund", package], cwd=folder, check=True,
-                   capture_output=True, timeout=900, env=outward_environ())  # not through the tests' proxy stub
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", package],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+        timeout=900,
+        env=outward_environ(),
+    )  # not through the tests' proxy stub
 
 
 def _pip(package: str, folder: Path, *, oldest: tuple[int, int] = (3, 10)) -> None:
     python = _python(oldest)
     assert python, f"Python {oldest[0]}.{oldest[1]}-3.12 is needed to install {package} for the end-to-end test"
     subprocess.run([python, "-m", "venv", "--clear", str(folder)], check=True, capture_output=True, timeout=300)
-    subprocess.run([str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
-                   check=True, capture_output=True, timeout=1800, env=outward_environ())  # not through the stub
+    subprocess.run(
+        [str(folder / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", package],
+        check=True,
+        capture_output=True,
+        timeout=1800,
+        env=outward_environ(),
+    )  # not through the stub
 
 
 def _python(oldest: tuple[int, int]) -> str | None:
@@ -72,8 +83,14 @@ def _python(oldest: tuple[int, int]) -> str | None:
         if not name:
             continue
         env = {**os.environ, "PYENV_VERSION": f"3.{minor}"}
-        proc = subprocess.run([name, "-c", "import sys; print(sys.executable)"], env=env, capture_output=True,
-                              text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [name, "-c", "import sys; print(sys.executable)"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if proc.returncode == 0 and proc.stdout.strip():
             return proc.stdout.strip()
     return None

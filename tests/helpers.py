@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.head import Head, extract_head, parse_body
-from oc_prefix_cache.render import render_head
-from oc_prefix_cache.slot_client import SlotClient, Timings
+from oc_prefix_cache.chat.head import Head, extract_head, parse_body
+from oc_prefix_cache.engine.head_render import render_head
+from oc_prefix_cache.llama.client import SlotClient, Timings
 
 T = TypeVar("T")
 
@@ -68,8 +68,7 @@ def sized(full: int, smaller: int) -> int:
 SUITE_WAIT_S = float(os.environ.get("OCPC_TEST_WAIT_S") or 300)
 
 
-def wait_until(check: Callable[[], T | None], *, what: str, within: float | None = None,
-               every: float = 0.1) -> T:
+def wait_until(check: Callable[[], T | None], *, what: str, within: float | None = None, every: float = 0.1) -> T:
     """Poll ``check()`` until it returns something truthy and return that; fail naming ``what``
     (and how long it waited) when it has not within ``within`` (default ``SUITE_WAIT_S``)."""
     bound = SUITE_WAIT_S if within is None else within
@@ -115,23 +114,30 @@ def head_tokens(client: SlotClient, body: dict[str, Any], markers: tuple[str, ..
     return list(render_head(client, parsed, head).tokens)
 
 
-
 def ocpc_cli(args: list[str], *, env: dict[str, str]) -> str:
     """`ocpc ARGS` as a user runs it (a real process, this checkout's package); its stdout."""
-    done = subprocess.run([sys.executable, "-m", "oc_prefix_cache", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, f"ocpc {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
-def install_harness(harness: str, *, proxy_url: str, server_url: str, env: dict[str, str],
-                    args: tuple[str, ...] = ()) -> str:
+def install_harness(
+    harness: str, *, proxy_url: str, server_url: str, env: dict[str, str], args: tuple[str, ...] = ()
+) -> str:
     """`ocpc install --harness HARNESS` pointing the agent at the proxy at ``proxy_url`` (its
     port, as a user's OC_PREFIX_CACHE_PROXY_PORT) in front of ``server_url``; ``env`` names
     the agent's HOME (and its own variables). Its output, which must say the proxy it used."""
-    said = ocpc_cli(["install", "--harness", harness, *args],
-                    env={"OC_PREFIX_CACHE_PROXY_PORT": proxy_url.rsplit(":", 1)[1],
-                         "OC_PREFIX_CACHE_BASE_URL": server_url, **env})
+    said = ocpc_cli(
+        ["install", "--harness", harness, *args],
+        env={"OC_PREFIX_CACHE_PROXY_PORT": proxy_url.rsplit(":", 1)[1], "OC_PREFIX_CACHE_BASE_URL": server_url, **env},
+    )
     assert f"proxy: {proxy_url} (OC_PREFIX_CACHE_PROXY_PORT=" in said, said
     print(said)
     return said

@@ -108,8 +108,11 @@ class RecordingProxy:
                     head += chunk
             except OSError:
                 pass
-            line = head.split(b"\r\n", 1)[0].decode("latin-1")[:300] if b"\r\n" in head else \
-                f"(no request line: {head[:60]!r})"
+            line = (
+                head.split(b"\r\n", 1)[0].decode("latin-1")[:300]
+                if b"\r\n" in head
+                else f"(no request line: {head[:60]!r})"
+            )
             host, port, tunnel = _target(line)
             hit = Hit(line, host)
             if hit.local:

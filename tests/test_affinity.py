@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oc_prefix_cache.affinity import AffinityTable, Held, SlotView, Want, choose
+from oc_prefix_cache.engine.affinity import AffinityTable, Held, SlotView, Want, choose
 
 
-def view(slot: int, *, busy: bool = False, conv: str = "", head: str = "", exact: bool = False,
-         used: float = 0.0) -> SlotView:
+def view(
+    slot: int, *, busy: bool = False, conv: str = "", head: str = "", exact: bool = False, used: float = 0.0
+) -> SlotView:
     return SlotView(slot=slot, busy=busy, conversation=conv, head=head, exact_head=exact, last_used=used)
 
 
@@ -55,8 +56,16 @@ def slot_states(draw: st.DrawFn) -> list[SlotView]:
         if conv in taken:
             conv = ""  # a conversation lives in one slot
         taken.add(conv)
-        out.append(view(i, busy=draw(st.booleans()), conv=conv, head=draw(heads), exact=draw(st.booleans()),
-                        used=draw(st.floats(min_value=0, max_value=100))))
+        out.append(
+            view(
+                i,
+                busy=draw(st.booleans()),
+                conv=conv,
+                head=draw(heads),
+                exact=draw(st.booleans()),
+                used=draw(st.floats(min_value=0, max_value=100)),
+            )
+        )
     return out
 
 

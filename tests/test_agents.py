@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import FULL, sized
+from tests.helpers import FULL, sized
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,15 +23,19 @@ sys.modules["agents_bench"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
 WINDOW = sized(60, 40)  # seconds of turns after the first requests (OCPC_FULL_TESTS=1: a minute)
-SHORT = not FULL  # the middles of the agents' system texts cut out (workload.shorten_system), not with OCPC_FULL_TESTS=1
+SHORT = (
+    not FULL
+)  # the middles of the agents' system texts cut out (workload.shorten_system), not with OCPC_FULL_TESTS=1
 
 
 def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what_ocpc_prepared(
-        llama_server: Any, family_args: Any, tmp_path: Path) -> None:
+    llama_server: Any, family_args: Any, tmp_path: Path
+) -> None:
     """Three agents share two slots for 40 s (a minute with OCPC_FULL_TESTS=1) through both
     front doors of `ocpc launch` on one Preparer: two OpenCode agents on the plugin's path (the
     daemon's prepare, the request sent straight to the server pinned to the slot prepared, the
-    report) and Claude Code through the proxy. Every request answers 200; every prepare whose report came back was served by what it
+    report) and Claude Code through the proxy. Every request answers 200; every prepare whose report
+    came back was served by what it
     prepared (no false hit, no park restored into another conversation: a park of the wrong
     conversation reuses nothing past the head, a slot the other front door was running a request
     on holds another prompt); conversations displaced come back from the server's RAM cache or
@@ -63,8 +67,9 @@ def test_three_agents_on_two_slots_through_both_front_doors_are_served_from_what
     assert counters.get("lease_reclaimed", 0) == 0, counters  # every plugin report came back and freed its slot
 
 
-def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: Any, family_args: Any,
-                                                                   tmp_path: Path) -> None:
+def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(
+    llama_server: Any, family_args: Any, tmp_path: Path
+) -> None:
     """Two ocpc processes (each its own tracker, as two `ocpc proxy` of one user: one home, the
     cross-process slot locks) in front of one server with two slots, an agent each plus one
     more. They cannot see each other's conversations, so what one displaces of the other's is
@@ -72,12 +77,20 @@ def test_two_ocpc_processes_on_one_server_never_serve_a_false_hit(llama_server: 
     answered as reused re-processes its prefix, and no request fails."""
     server = llama_server("gemma3", ctx_size=2 * 32768, parallel=2, extra_args=(*LAUNCH, *family_args("gemma3")))
     points = [bench.Point("ocpc", 2, 2), bench.Point("ocpc", 1, 2)]
-    with bench.Launched(server.url, tmp_path / "ocpc") as first, bench.Launched(server.url, tmp_path / "ocpc") as second:
+    with (
+        bench.Launched(server.url, tmp_path / "ocpc") as first,
+        bench.Launched(server.url, tmp_path / "ocpc") as second,
+    ):
         agents = bench.make_agents(3, short=SHORT)
         together = threading.Barrier(2)  # both windows open once all three first requests are answered
-        runs = [threading.Thread(target=bench.drive, args=(doors, group),
-                                 kwargs={"window": WINDOW, "point": point, "warmup": True, "together": together})
-                for doors, group, point in ((first.doors, agents[:2], points[0]), (second.doors, agents[2:], points[1]))]
+        runs = [
+            threading.Thread(
+                target=bench.drive,
+                args=(doors, group),
+                kwargs={"window": WINDOW, "point": point, "warmup": True, "together": together},
+            )
+            for doors, group, point in ((first.doors, agents[:2], points[0]), (second.doors, agents[2:], points[1]))
+        ]
 
         for run in runs:
             run.start()

@@ -1,9 +1,9 @@
-"""The park-ahead policy (ahead.py), without a server: which idle slots get their park written now."""
+"""The park-ahead policy (engine/park_ahead.py), without a server: which idle slots get their park written now."""
 
 from __future__ import annotations
 
-from oc_prefix_cache.ahead import IDLE_S, Candidate, Idle, IdleSlots, due
-from oc_prefix_cache.executor import SaveCosts
+from oc_prefix_cache.engine.executor import SaveCosts
+from oc_prefix_cache.engine.park_ahead import IDLE_S, Candidate, Idle, IdleSlots, due
 
 
 def candidate(slot: int = 0, *, idle_for: float = IDLE_S, unsaved: int = 5000, est: float | None = 3.0) -> Candidate:
@@ -15,10 +15,12 @@ def test_a_slot_idle_long_enough_with_a_costly_park_is_due() -> None:
 
 
 def test_what_is_not_due() -> None:
-    for c in (candidate(idle_for=IDLE_S - 0.5),  # the agent's tool may still be quick
-              candidate(unsaved=100),  # too little in no file yet
-              candidate(est=0.4),  # parking at displacement costs less than the threshold
-              candidate(est=None)):  # no save seen on this server yet: nothing to go by
+    for c in (
+        candidate(idle_for=IDLE_S - 0.5),  # the agent's tool may still be quick
+        candidate(unsaved=100),  # too little in no file yet
+        candidate(est=0.4),  # parking at displacement costs less than the threshold
+        candidate(est=None),
+    ):  # no save seen on this server yet: nothing to go by
         assert due([c], now=100.0, park_min=256, threshold_s=1.0) == [], c
     assert due([candidate()], now=100.0, park_min=256, threshold_s=None) == []  # off
 

@@ -1,4 +1,4 @@
-"""anthropic.py proved against llama-server b11434 itself, not against our reading of it.
+"""chat/anthropic.py proved against llama-server b11434 itself, not against our reading of it.
 
 How each half is proved on the real server:
 
@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.anthropic import (
+from oc_prefix_cache.chat.anthropic import (
     StreamTranslator,
     TranslationError,
     dump_json,
@@ -55,37 +55,60 @@ FEATURES: dict[str, Any] = {
         {"type": "document", "text": "not a text block: left out"},
     ],
     "messages": [
-        {"role": "user", "content": [
-            {"type": "text", "text": "hi"}, {"type": "text", "text": " there", "cache_control": {}}]},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "hmm", "signature": "sig"},
-            {"type": "redacted_thinking", "data": "x"},
-            {"type": "text", "text": "calling"},
-            {"type": "tool_use", "id": "t1", "name": "get",
-             "input": {"k": "v", "n": 1.5, "u": "é\n", "l": [1, None]}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1",
-             "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"type": "text", "text": "and?"},
-        ]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": " there", "cache_control": {}}],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "x"},
+                {"type": "text", "text": "calling"},
+                {
+                    "type": "tool_use",
+                    "id": "t1",
+                    "name": "get",
+                    "input": {"k": "v", "n": 1.5, "u": "é\n", "l": [1, None]},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+                {"type": "text", "text": "and?"},
+            ],
+        },
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "bare"}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t2", "content": "plain", "is_error": True},
-            {"type": "tool_result", "tool_use_id": "t3"},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t2", "content": "plain", "is_error": True},
+                {"type": "tool_result", "tool_use_id": "t3"},
+            ],
+        },
         {"role": "assistant", "content": "a string"},
         {"role": "user", "content": "last", "extra": "kept"},
     ],
     "tools": [
-        {"name": "get", "description": "get a thing",
-         "input_schema": {"type": "object", "properties": {"k": {"type": "string"}}}},
+        {
+            "name": "get",
+            "description": "get a thing",
+            "input_schema": {"type": "object", "properties": {"k": {"type": "string"}}},
+        },
         {"name": "bare", "cache_control": {"type": "ephemeral"}},
     ],
     "tool_choice": {"type": "tool", "name": "get"},
     "stop_sequences": ["zz"],
     "max_tokens": 1,
-    "temperature": 0.5, "top_p": 0.9, "top_k": 3,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 3,
     "thinking": {"type": "enabled", "budget_tokens": 64},
     "output_config": {"effort": "high"},
     "metadata": {"user_id": "u-1"},
@@ -116,42 +139,70 @@ def test_to_chat_follows_the_server_rule_by_rule() -> None:
         # text blocks concatenated with nothing between them; the billing header's cch= rewritten
         {"role": "system", "content": BILLING.replace("cch=a5145;", "cch=fffff;") + "Be brief."},
         FEATURES["messages"][0],  # text blocks pass as they are (cache_control too)
-        {"role": "assistant", "content": [{"type": "text", "text": "calling"}],
-         "tool_calls": [{"id": "t1", "type": "function",
-                         "function": {"name": "get", "arguments": '{"k":"v","n":1.5,"u":"é\\n","l":[1,null]}'}}],
-         "reasoning_content": "hmm"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "calling"}],
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "get", "arguments": '{"k":"v","n":1.5,"u":"é\\n","l":[1,null]}'},
+                }
+            ],
+            "reasoning_content": "hmm",
+        },
         # the message's own text comes first, its tool results after it
         {"role": "user", "content": [{"type": "text", "text": "and?"}]},
         {"role": "tool", "tool_call_id": "t1", "content": "ab"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "t2", "type": "function", "function": {"name": "bare", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "t2", "type": "function", "function": {"name": "bare", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "t2", "content": "plain"},
         {"role": "tool", "tool_call_id": "t3", "content": ""},
         FEATURES["messages"][5],
         FEATURES["messages"][6],
     ]
     assert chat["tools"] == [
-        {"type": "function", "function": {"name": "get", "description": "get a thing",
-                                          "parameters": FEATURES["tools"][0]["input_schema"]}},
+        {
+            "type": "function",
+            "function": {
+                "name": "get",
+                "description": "get a thing",
+                "parameters": FEATURES["tools"][0]["input_schema"],
+            },
+        },
         {"type": "function", "function": {"name": "bare", "description": "", "parameters": {}}},
     ]
     rest = {k: v for k, v in chat.items() if k not in ("messages", "tools")}
-    assert rest == {"tool_choice": "required", "stop": ["zz"], "max_tokens": 1, "temperature": 0.5,
-                    "top_p": 0.9, "top_k": 3, "stream": False, "thinking_budget_tokens": 64,
-                    "__metadata_user_id": "u-1"}  # no id_slot, no output_config: the server drops them
+    assert rest == {
+        "tool_choice": "required",
+        "stop": ["zz"],
+        "max_tokens": 1,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 3,
+        "stream": False,
+        "thinking_budget_tokens": 64,
+        "__metadata_user_id": "u-1",
+    }  # no id_slot, no output_config: the server drops them
 
 
-@pytest.mark.parametrize(("extra", "expected"), [
-    ({"tool_choice": {"type": "auto"}}, {"tool_choice": "auto"}),
-    ({"tool_choice": {"type": "any"}}, {"tool_choice": "required"}),
-    ({"tool_choice": {"type": "none"}}, {}),  # ignored by the server: the default (auto) applies
-    ({"tool_choice": "auto"}, {}),
-    ({"thinking": {"type": "enabled"}}, {"thinking_budget_tokens": 10000}),
-    ({"thinking": {"type": "adaptive", "display": "omitted"}}, {}),
-    ({"thinking": {"type": "disabled"}}, {}),
-    ({"metadata": {"user_id": ""}}, {}),
-    ({"system": None}, {}),
-])
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"tool_choice": {"type": "auto"}}, {"tool_choice": "auto"}),
+        ({"tool_choice": {"type": "any"}}, {"tool_choice": "required"}),
+        ({"tool_choice": {"type": "none"}}, {}),  # ignored by the server: the default (auto) applies
+        ({"tool_choice": "auto"}, {}),
+        ({"thinking": {"type": "enabled"}}, {"thinking_budget_tokens": 10000}),
+        ({"thinking": {"type": "adaptive", "display": "omitted"}}, {}),
+        ({"thinking": {"type": "disabled"}}, {}),
+        ({"metadata": {"user_id": ""}}, {}),
+        ({"system": None}, {}),
+    ],
+)
 def test_to_chat_options(extra: dict[str, Any], expected: dict[str, Any]) -> None:
     chat = to_chat({"messages": [{"role": "user", "content": "x"}], **extra})
     assert {k: v for k, v in chat.items() if k != "messages"} == {"max_tokens": 4096, **expected}
@@ -178,8 +229,13 @@ def test_billing_header_rewrite_is_the_servers() -> None:
 def test_upstream_body_adds_output_only_fields() -> None:
     chat = to_chat({"messages": [{"role": "user", "content": "x"}]})
     body = upstream_body(chat, id_slot=1)
-    assert body == {**chat, "timings_per_token": True, "verbose": True,
-                    "response_fields": ["stopping_word"], "id_slot": 1}
+    assert body == {
+        **chat,
+        "timings_per_token": True,
+        "verbose": True,
+        "response_fields": ["stopping_word"],
+        "id_slot": 1,
+    }
     assert "id_slot" not in upstream_body(chat)
 
 
@@ -203,7 +259,7 @@ def test_translator_passes_errors_and_pings_and_survives_garbage() -> None:
     crlf = b'data: {"error": ' + json.dumps(error).encode() + b"}\r\n\r\n"
     assert translator.feed(crlf) == sse_event("error", error)
     garbage = translator.feed(b"data: <html>\n\n")
-    assert garbage.startswith(b"event: error\ndata: {\"code\":500,") and b"non-JSON" in garbage
+    assert garbage.startswith(b'event: error\ndata: {"code":500,') and b"non-JSON" in garbage
     assert translator.feed(b"data: [DONE]\n\n") == b""
     assert translator.close() == b""
 
@@ -211,20 +267,31 @@ def test_translator_passes_errors_and_pings_and_survives_garbage() -> None:
 def test_translator_flushes_an_unfinished_run_at_close() -> None:
     """A stream cut before its final result: what arrived is still translated, nothing invented."""
     translator = StreamTranslator()
-    role = {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
-            "id": "chatcmpl-1", "model": "m"}
+    role = {
+        "choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
+        "id": "chatcmpl-1",
+        "model": "m",
+    }
     text = {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "hi"}}], "id": "chatcmpl-1"}
     assert translator.feed(b"data: " + json.dumps(role).encode() + b"\n\ndata: " + json.dumps(text).encode()) == b""
     out = translator.close()
     assert out.count(b"event: ") == 3 and b"message_start" in out and b'"text":"hi"' in out
     assert b"message_stop" not in out and translator.usage == {
-        "cache_read_input_tokens": 0, "input_tokens": 0, "output_tokens": 0}
+        "cache_read_input_tokens": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+    }
 
 
 def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, **extra: Any) -> bytes:
     """One upstream chat chunk as the server writes it."""
-    data = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta or {}}], "id": "chatcmpl-1",
-            "model": "m", "object": "chat.completion.chunk", **extra}
+    data = {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta or {}}],
+        "id": "chatcmpl-1",
+        "model": "m",
+        "object": "chat.completion.chunk",
+        **extra,
+    }
     return b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
@@ -243,8 +310,14 @@ def test_final_result_diffs_restart_their_blocks_like_the_server() -> None:
         translator,
         chunk({"role": "assistant", "content": None}),
         chunk({"content": "a"}, timings=timings),
-        chunk({"tool_calls": [{"index": 0, "id": "call-1", "type": "function",
-                               "function": {"name": "f", "arguments": "{"}}]}, timings=timings),
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{"}}
+                ]
+            },
+            timings=timings,
+        ),
         chunk({"content": "b"}, __verbose={"stopping_word": ""}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}),
         chunk(finish="tool_calls", timings=timings),
@@ -277,8 +350,11 @@ def test_text_index_counts_reasoning_of_the_whole_result() -> None:
         chunk({"reasoning_content": "r"}, timings={"cache_n": 0, "prompt_n": 1}),
     )
     assert [(e["type"], e["index"]) for e in events[1:]] == [
-        ("content_block_start", 1), ("content_block_delta", 1),
-        ("content_block_start", 0), ("content_block_delta", 0)]
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+    ]
 
 
 # -- the real server -----------------------------------------------------------------------------------------
@@ -306,10 +382,27 @@ def test_rendering_equals_the_servers_own_on_the_captures(llama_server: Any, tmp
     cases = [(p.name, "raw", capture(p)[1]) for p in CC_BODIES + SUB_BODIES]
     cases += [(p.name, "normalised", normalised(p)) for p in CC_BODIES + SUB_BODIES]
     cases += [("features", "raw", FEATURES), ("features-streamed", "raw", {**FEATURES, "stream": True})]
-    cases += [("image", "raw", {"messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
-        {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:9/x.png"}},
-        {"type": "text", "text": "?"}]}]})]
+    cases += [
+        (
+            "image",
+            "raw",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                            },
+                            {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:9/x.png"}},
+                            {"type": "text", "text": "?"},
+                        ],
+                    }
+                ]
+            },
+        )
+    ]
     rendered = refused = 0
     for name, form, body in cases:
         response, server_prompt = prompt_of_server(server.url, log_dir, body)
@@ -373,7 +466,7 @@ def assert_same_stream(url: str, body: dict[str, Any], *, warm: bool = False) ->
     status_chat, ours, raw = via_translator(url, body)
     assert (status_chat, without_ids(ours).decode()) == (status, without_ids(server).decode())
     one_byte = StreamTranslator()
-    fed = b"".join(one_byte.feed(raw[i:i + 1]) for i in range(len(raw))) + one_byte.close()
+    fed = b"".join(one_byte.feed(raw[i : i + 1]) for i in range(len(raw))) + one_byte.close()
     assert fed == ours  # how the bytes are cut up does not matter
     return server
 
@@ -423,29 +516,46 @@ def test_text_thinking_stop_and_usage_match_the_server(llama_server: Any) -> Non
     assert usage_cold["cache_read_input_tokens"] == 0 and usage_cold["input_tokens"] > 0
     assert usage_warm["cache_read_input_tokens"] > 0
     assert usage_warm["cache_read_input_tokens"] + usage_warm["input_tokens"] == usage_cold["input_tokens"]
-    for case in ({**ask, "max_tokens": 8}, {**ask, **BUDGET},
-                 {**ask, **NO_THINK, "max_tokens": 8, "stop_sequences": ["xxxxxxxx"]}):
+    for case in (
+        {**ask, "max_tokens": 8},
+        {**ask, **BUDGET},
+        {**ask, **NO_THINK, "max_tokens": 8, "stop_sequences": ["xxxxxxxx"]},
+    ):
         assert_same_message(server.url, case)
 
 
 @pytest.mark.rig
 def test_tool_use_end_turn_and_errors_match_the_server(llama_server: Any) -> None:
     """Biases make the random model end at once (<|im_end|>) or open a tool call (<tool_call>)."""
-    server = llama_server("qwen35", ctx_size=4096, extra_args=(
-        "--cache-ram", "0", "--logit-bias", f"{IM_END}+30", "--logit-bias", f"{TOOL_CALL}+20"))
+    server = llama_server(
+        "qwen35",
+        ctx_size=4096,
+        extra_args=("--cache-ram", "0", "--logit-bias", f"{IM_END}+30", "--logit-bias", f"{TOOL_CALL}+20"),
+    )
     ask = {**GREEDY, "messages": [{"role": "user", "content": "set it"}]}
-    flag = [{"name": "set_flag", "description": "Set a flag",
-             "input_schema": {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]}}]
-    free = [{"name": "set_unit", "description": "Set the unit",
-             "input_schema": {"type": "object", "properties": {"unit": {"type": "string"}}, "required": ["unit"]}}]
+    flag = [
+        {
+            "name": "set_flag",
+            "description": "Set a flag",
+            "input_schema": {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]},
+        }
+    ]
+    free = [
+        {
+            "name": "set_unit",
+            "description": "Set the unit",
+            "input_schema": {"type": "object", "properties": {"unit": {"type": "string"}}, "required": ["unit"]},
+        }
+    ]
     forced = {"tool_choice": {"type": "tool", "name": "set_flag"}}  # the server: "required"
     call = assert_same_stream(server.url, {**ask, **NO_THINK, **forced, "tools": flag, "max_tokens": 100})
     assert b'"content_block":{"type":"tool_use"' in call and b'"type":"input_json_delta"' in call
     assert b'"stop_reason":"tool_use"' in call
     message = assert_same_message(server.url, {**ask, **NO_THINK, **forced, "tools": flag, "max_tokens": 100})
     assert message["content"] == [{"type": "tool_use", "name": "set_flag", "input": {"flag": False}}]
-    cut = assert_same_stream(server.url, {**ask, **NO_THINK, "tool_choice": {"type": "any"}, "tools": free,
-                                          "max_tokens": 20})
+    cut = assert_same_stream(
+        server.url, {**ask, **NO_THINK, "tool_choice": {"type": "any"}, "tools": free, "max_tokens": 20}
+    )
     assert b'"stop_reason":"max_tokens"' in cut and b"tool_use" in cut
     ended = assert_same_stream(server.url, {**ask, "tools": flag, "max_tokens": 20})
     assert event_names(ended) == ["message_start", "message_delta", "message_stop"]

@@ -41,8 +41,9 @@ def _round(turn_s: float, turns: int, *, processed: float, cores: float | None, 
 def test_rounds_of_a_point_add_up_to_one_row_over_all_their_windows() -> None:
     """``--rounds``: a slow round and a fast one make one row whose mean turn weighs every turn,
     whose rate counts every round's window, and whose counters are the rounds' sums."""
-    merged = bench.Point.merged([_round(1.0, 3, processed=150, cores=0.25, hop=0.004),
-                                 _round(2.0, 1, processed=50, cores=None, hop=0.008)])
+    merged = bench.Point.merged(
+        [_round(1.0, 3, processed=150, cores=0.25, hop=0.004), _round(2.0, 1, processed=50, cores=None, hop=0.008)]
+    )
     row = merged.row(2 * 60.0)
     assert row["turns"] == 4 and row["turns_per_min"] == 2.0
     assert row["turn_mean_s"] == 1.25
@@ -61,7 +62,9 @@ def test_one_round_is_the_point_itself() -> None:
 
 def test_a_variant_is_ocpc_with_its_settings_and_a_bad_one_stops_the_bench_before_any_server() -> None:
     assert bench._variant("noahead:OC_PREFIX_CACHE_PARK_AHEAD_S=off") == (
-        "noahead", {"OC_PREFIX_CACHE_PARK_AHEAD_S": "off"})
+        "noahead",
+        {"OC_PREFIX_CACHE_PARK_AHEAD_S": "off"},
+    )
     for bad in ("noahead", "ocpc:OC_PREFIX_CACHE_PARK_AHEAD_S=off", ":A=1", "x:OC_PREFIX_CACHE_PARK_AHEAD_S=soon"):
         with pytest.raises(SystemExit):
             bench._variant(bad)
@@ -82,9 +85,12 @@ def test_the_router_bench_loads_again_when_the_router_says_try_again_later() -> 
     """b11434's router answers a load with 500 "model limit reached, try again later" while the
     model it would unload has a request in flight; a full test run once failed on it. The router
     cannot be made to do that on demand, so a stub answers it once."""
-    load = respx.post("http://router/models/load").mock(side_effect=[
-        httpx.Response(500, json={"error": {"message": "model limit reached, try again later"}}),
-        httpx.Response(200, json={"success": True})])
+    load = respx.post("http://router/models/load").mock(
+        side_effect=[
+            httpx.Response(500, json={"error": {"message": "model limit reached, try again later"}}),
+            httpx.Response(200, json={"success": True}),
+        ]
+    )
     client = SimpleNamespace(url="http://router", load_retries=0)
     _bench("router_load_bench").Bench.load(client, "qwen35")
     assert load.call_count == 2 and client.load_retries == 1
@@ -92,7 +98,8 @@ def test_the_router_bench_loads_again_when_the_router_says_try_again_later() -> 
 
 @respx.mock
 def test_the_router_bench_stops_on_any_other_refusal() -> None:
-    respx.post("http://router/models/load").mock(return_value=httpx.Response(
-        500, json={"error": {"message": "model name=x failed to load"}}))
+    respx.post("http://router/models/load").mock(
+        return_value=httpx.Response(500, json={"error": {"message": "model name=x failed to load"}})
+    )
     with pytest.raises(httpx.HTTPStatusError):
         _bench("router_load_bench").Bench.load(SimpleNamespace(url="http://router", load_retries=0), "x")

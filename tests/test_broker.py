@@ -7,11 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-from oc_prefix_cache.broker import IDLE_LOOKS_S, LEASE_GRACE_S, UNSTARTED_S, Ask, SlotBroker
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.tracker import Observation, SlotTracker
-
-from .helpers import SUITE_WAIT_S
+from oc_prefix_cache.engine.broker import IDLE_LOOKS_S, LEASE_GRACE_S, UNSTARTED_S, Ask, SlotBroker
+from oc_prefix_cache.engine.tracker import Observation, SlotTracker
+from tests.helpers import SUITE_WAIT_S
 
 SERVER = "http://127.0.0.1:9"
 
@@ -107,8 +106,9 @@ def test_with_every_slot_lent_a_request_waits_in_line_for_the_first_report() -> 
     for i, taken in enumerate(lent):
         b.lend(f"p-{i}", taken)
     got: list[int] = []
-    waiter = threading.Thread(target=lambda: got.append(b.take(Ask("new", n_slots=2),
-                                                               deadline=Deadline.after(SUITE_WAIT_S)).slot))
+    waiter = threading.Thread(
+        target=lambda: got.append(b.take(Ask("new", n_slots=2), deadline=Deadline.after(SUITE_WAIT_S)).slot)
+    )
     waiter.start()
     time.sleep(0.3)
     assert not got  # both slots run a request: it waits
@@ -129,7 +129,7 @@ def test_a_single_slot_server_takes_the_configured_slot() -> None:
 def test_a_slot_count_that_could_not_be_read_is_asked_again_soon() -> None:
     """A router's model still loading does not answer /props in time: the fallback of one slot
     held for the whole ttl (30 s) pinned every request to slot 0. It is asked again a second later."""
-    from oc_prefix_cache.broker import UNKNOWN_SLOTS_RETRY_S
+    from oc_prefix_cache.engine.broker import UNKNOWN_SLOTS_RETRY_S
     from oc_prefix_cache.errors import ServerUnreachable
 
     answers: list[dict[str, int] | None] = [None, {"total_slots": 2}]

@@ -19,21 +19,20 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache.capability import Capabilities, Capability
-from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.doctor import run_checks
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.realmodels import REAL_MODELS
-from oc_prefix_cache.rig import ensure_matrix_server
-from oc_prefix_cache.server_info import ResolvedServer
+from oc_prefix_cache.commands.doctor import run_checks
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.disk.slotfile import file_digest, read_header
+from oc_prefix_cache.doors.daemon import Daemon
+from oc_prefix_cache.engine.capability import Capabilities, Capability
+from oc_prefix_cache.llama.server_info import ResolvedServer
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.rig.build import ensure_matrix_server
+from oc_prefix_cache.rig.real_models import REAL_MODELS
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slotfile import file_digest, read_header
-from oc_prefix_cache.store import Store
-
-from . import workload
-from .helpers import TEST_SERVER_ARGS
-from .test_matrix import rig_settings
-from .test_parking import FLAGS, Turns
+from tests import workload
+from tests.helpers import TEST_SERVER_ARGS
+from tests.test_matrix import rig_settings
+from tests.test_parking import FLAGS, Turns
 
 pytestmark = pytest.mark.rig
 
@@ -44,10 +43,14 @@ def gemma_on(models: dict[str, Path], family_args: Any, tmp_path: Path, rig: Any
     started: list[LlamaServer] = []
 
     def start(binary: Path | None = None, model: Path | None = None) -> LlamaServer:
-        config = ServerConfig(binary=binary or rig.server, model=model or models["gemma3"], port=free_port(),
-                              slot_dir=tmp_path / "ocpc" / "slots", ctx_size=16384,
-                              extra_args=(*REAL_MODELS["gemma3"].server_args, *TEST_SERVER_ARGS, *FLAGS,
-                                          *family_args("gemma3")))
+        config = ServerConfig(
+            binary=binary or rig.server,
+            model=model or models["gemma3"],
+            port=free_port(),
+            slot_dir=tmp_path / "ocpc" / "slots",
+            ctx_size=16384,
+            extra_args=(*REAL_MODELS["gemma3"].server_args, *TEST_SERVER_ARGS, *FLAGS, *family_args("gemma3")),
+        )
         server = LlamaServer(config=config, log_path=tmp_path / f"llama-server-{len(started)}.log")
         started.append(server)
         server.start()
@@ -81,7 +84,8 @@ def test_a_version_this_ocpc_reads_as_unknown_is_used_once_the_gates_prove_it(ge
 
 
 def test_a_file_of_a_version_the_server_cannot_restore_stands_ocpc_down_after_one_attempt(
-        gemma_on: Any, tmp_path: Path) -> None:
+    gemma_on: Any, tmp_path: Path
+) -> None:
     """A real head file whose version field says 99, a version neither this ocpc nor the server
     knows: the first restore's gates fail, ocpc stands down at once (not after a rebuild and a
     second failure), every later request of that server process costs one look at its slots, and
@@ -100,8 +104,15 @@ def test_a_file_of_a_version_the_server_cannot_restore_stands_ocpc_down_after_on
         data[4:8] = struct.pack("<I", 99)
         head.write_bytes(bytes(data))
         store = Store(index_path=settings.index_path, lock_path=settings.lock_path)
-        store.update(lambda index: index.entries.update({  # its digest as saved: the server is what refuses it
-            key: replace(entry, xxh64=file_digest(head)) for key, entry in index.entries.items() if entry.file == head.name}))
+        store.update(
+            lambda index: index.entries.update(
+                {  # its digest as saved: the server is what refuses it
+                    key: replace(entry, xxh64=file_digest(head))
+                    for key, entry in index.entries.items()
+                    if entry.file == head.name
+                }
+            )
+        )
         server.restart()
         refused, _ = t.turn(workload.shortened(workload.other_project("ses_b")))
         assert refused.action == "skipped" and "version 99" in refused.reason, refused
@@ -119,7 +130,8 @@ def test_a_file_of_a_version_the_server_cannot_restore_stands_ocpc_down_after_on
 
 
 def test_the_self_test_runs_again_only_when_the_binary_or_the_model_file_changes(
-        gemma_on: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    gemma_on: Any, models: dict[str, Path], tmp_path: Path
+) -> None:
     settings = Settings.from_env(dict(os.environ))
 
     def first_session(server: LlamaServer) -> dict[str, Any]:
@@ -147,10 +159,19 @@ def test_the_self_test_runs_again_only_when_the_binary_or_the_model_file_changes
 
 
 def test_a_capability_record_reads_back_and_says_what_to_do() -> None:
-    bad = Capability(key="k", build="b0-unknown|llama-server|1|2", model="m.gguf", version=5, known_format=False,
-                     header_ok=True, restores_serve=False, reason="restored 32 tokens, reused 0")
+    bad = Capability(
+        key="k",
+        build="b0-unknown|llama-server|1|2",
+        model="m.gguf",
+        version=5,
+        known_format=False,
+        header_ok=True,
+        restores_serve=False,
+        reason="restored 32 tokens, reused 0",
+    )
     assert Capability.from_json(json.loads(json.dumps(bad.to_json()))) == bad
     assert not bad.usable and "another llama-server build" in bad.advice()
-    unreadable = Capability(key="k", build="b", model="m", version=7, known_format=False, header_ok=False,
-                            restores_serve=False, reason="")
+    unreadable = Capability(
+        key="k", build="b", model="m", version=7, known_format=False, header_ok=False, restores_serve=False, reason=""
+    )
     assert "upgrade ocpc" in unreadable.advice()

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oc_prefix_cache.conversation import Trail, follow, parse
+from oc_prefix_cache.chat.conversation import Trail, follow, parse
+from oc_prefix_cache.engine.tracker import Holding, Observation, SlotTracker
 from oc_prefix_cache.errors import BadRequestBody
-from oc_prefix_cache.tracker import Holding, Observation, SlotTracker
-
-from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, capture_bytes
+from tests.helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, capture_bytes
 
 
 def text(name: str) -> str:
@@ -51,7 +50,7 @@ def test_the_same_body_again_is_the_same_conversation() -> None:
 def test_garbage_between_the_messages_is_not_taken() -> None:
     raw = text(PROJ_A)
     first = parse(raw)
-    forged = raw[: first.msg_end] + ',{"role":"user","content":"x"} , nope' + raw[first.msg_end:]
+    forged = raw[: first.msg_end] + ',{"role":"user","content":"x"} , nope' + raw[first.msg_end :]
     assert digests_after(Trail.of(first, session="s"), forged) is None
 
 
@@ -65,14 +64,17 @@ def test_parse_matches_json_and_reports_clear_errors() -> None:
             parse(bad)
 
 
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
-                                           "content": st.text(max_size=20)}), max_size=4)
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]), "content": st.text(max_size=20)}),
+    max_size=4,
+)
 
 
 @given(messages, messages, st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
 def test_follow_agrees_with_a_full_parse(first: list, added: list, separators: tuple, tools_after: bool) -> None:
     """Whatever the messages, follow() says 'continues' exactly when the full parse of the
     new body shows the old messages as a prefix, with everything else unchanged."""
+
     def body(msgs: list) -> str:
         data = {"model": "m", "messages": msgs} | ({"tools": [{"x": 1}]} if tools_after else {})
         return json.dumps(data, ensure_ascii=False, separators=separators)
@@ -119,7 +121,8 @@ def test_after_request_ties_the_slot_to_a_request_by_its_token_count() -> None:
     assert not done.after_request(prompt=7499, generated=40)
     assert done.after_request(prompt=7499, generated=None)  # an older plugin sends no count
     assert not Observation(id_task=3, n_tokens=7502, n_processed=0, n_cached=0, busy=True).after_request(
-        prompt=7499, generated=4)
+        prompt=7499, generated=4
+    )
 
 
 def test_proofs_are_bounded() -> None:
@@ -167,16 +170,17 @@ def test_a_turn_whose_tools_or_template_options_changed_does_not_continue_the_sl
     """The full path's test of "the slot holds this conversation" compared message digests only:
     a turn with a tool added (an MCP server connected) or thinking switched on rendered a
     different prompt before its first message, yet was answered `hit` on the slot (issue 18)."""
-    from oc_prefix_cache.prepare import _continues
+    from oc_prefix_cache.engine.prepare import _continues
 
     body = json.loads(capture_bytes(PROJ_A))
     later = json.loads(capture_bytes(PROJ_A_TURN2))
     first = Trail.of(parse(json.dumps(body)), session="s")
     assert _continues(first, Trail.of(parse(json.dumps(later)), session="s"))
-    changed = [{**later, "tools": later["tools"] + [{"type": "function", "function": {"name": "mcp_x",
-                                                                                  "parameters": {}}}]},
-               {**later, "chat_template_kwargs": {"enable_thinking": False}},
-               {**later, "reasoning_effort": "high"}]
+    changed = [
+        {**later, "tools": later["tools"] + [{"type": "function", "function": {"name": "mcp_x", "parameters": {}}}]},
+        {**later, "chat_template_kwargs": {"enable_thinking": False}},
+        {**later, "reasoning_effort": "high"},
+    ]
     for body_ in changed:
         assert not _continues(first, Trail.of(parse(json.dumps(body_)), session="s"))
     sampling = {**later, "temperature": 0.1, "max_tokens": 77}  # renders the same prompt

@@ -15,17 +15,27 @@ from pathlib import Path
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.broker import Ask
-from oc_prefix_cache.daemon import Daemon
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.doors.daemon import Daemon
+from oc_prefix_cache.engine.broker import Ask
+from oc_prefix_cache.engine.prepare import Preparer
 from oc_prefix_cache.errors import ConfigError
-from oc_prefix_cache.prepare import Preparer
+from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.store import Store
-
-from .helpers import (CAPTURES, PROJ_A, PROJ_A_TURN2, PROJ_B, SUITE_WAIT_S, UA, capture, capture_bytes, chat, sized,
-                      wait_until)
+from tests.helpers import (
+    CAPTURES,
+    PROJ_A,
+    PROJ_A_TURN2,
+    PROJ_B,
+    SUITE_WAIT_S,
+    UA,
+    capture,
+    capture_bytes,
+    chat,
+    sized,
+    wait_until,
+)
 
 
 def settings_for(url: str) -> Settings:
@@ -49,8 +59,12 @@ def daemon_for(llama_server) -> Iterator:
 
 
 def post_prepare(daemon_url: str, name: str, session: str) -> dict:
-    response = loopback.post(f"{daemon_url}/v1/prepare", content=capture_bytes(name), timeout=120,
-                             headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"})
+    response = loopback.post(
+        f"{daemon_url}/v1/prepare",
+        content=capture_bytes(name),
+        timeout=120,
+        headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"},
+    )
     assert response.status_code == 200
     assert response.headers["x-ocpc-state"] == "working"
     return response.json()
@@ -65,8 +79,10 @@ def test_prepare_report_and_status_over_http(daemon_for) -> None:
     second = post_prepare(runner.url, PROJ_B, "ses_b")
     assert second["action"] == "restored"  # the slot holds project A's head: a hybrid restores the head
     timings = chat(server.url, capture(PROJ_B))
-    report = loopback.post(f"{runner.url}/v1/report", json={
-        "fingerprint": second["fingerprint"], "cache_n": timings.cache_n, "prompt_n": timings.prompt_n})
+    report = loopback.post(
+        f"{runner.url}/v1/report",
+        json={"fingerprint": second["fingerprint"], "cache_n": timings.cache_n, "prompt_n": timings.prompt_n},
+    )
     assert report.status_code == 200 and report.json()["verdict"] == "served"
 
     status = loopback.get(f"{runner.url}/v1/status").json()
@@ -99,11 +115,23 @@ def test_two_sessions_starting_at_once_warm_only_once(daemon_for) -> None:
 def test_two_daemons_on_the_same_state_keep_the_index_whole(llama_server) -> None:
     server = llama_server("qwen35")
     settings = settings_for(server.url)
-    preparers = [Preparer(settings=settings, client=SlotClient(server.url),
-                          store=Store(index_path=settings.index_path, lock_path=settings.lock_path)) for _ in range(2)]
+    preparers = [
+        Preparer(
+            settings=settings,
+            client=SlotClient(server.url),
+            store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+        )
+        for _ in range(2)
+    ]
     answers: list = []
-    threads = [threading.Thread(target=lambda p=p, s=s: answers.append(
-        p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": s}))) for p, s in zip(preparers, ("a", "b"))]
+    threads = [
+        threading.Thread(
+            target=lambda p=p, s=s: answers.append(
+                p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": s})
+            )
+        )
+        for p, s in zip(preparers, ("a", "b"), strict=False)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,8 +156,10 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
         assert loopback.get(f"{runner.url}/nope").status_code == 404
         host, port = runner.httpd.server_address[:2]
         with socket.create_connection((str(host), port)) as sock:
-            sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 999999999\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/prepare HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 999999999\r\n\r\n"
+            )
             head = sock.recv(4096).decode()
         assert head.startswith("HTTP/1.1 413")
         with socket.create_connection((str(host), port)) as sock:
@@ -141,11 +171,14 @@ def test_bad_input_gets_clear_errors(tmp_path) -> None:
         runner.stop()
 
 
-@pytest.mark.parametrize(("headers", "status"), [
-    ({"Origin": "https://evil.example", "Content-Type": "application/json"}, 403),
-    ({"Host": "evil.example:8765", "Content-Type": "application/json"}, 403),
-    ({"Content-Type": "text/plain"}, 415),
-])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Origin": "https://evil.example", "Content-Type": "application/json"}, 403),
+        ({"Host": "evil.example:8765", "Content-Type": "application/json"}, 403),
+        ({"Content-Type": "text/plain"}, 415),
+    ],
+)
 def test_browsers_and_rebound_names_are_refused(headers: dict, status: int) -> None:
     runner = Daemon(settings=settings_for("http://127.0.0.1:9"), port=0)
     runner.start()
@@ -172,8 +205,10 @@ def test_the_daemon_notices_a_server_restart_by_itself(llama_server) -> None:
         chat(server.url, capture(PROJ_A))
         epoch = runner.tracker.epoch(runner.preparer.server)
         server.restart()
-        wait_until(lambda: runner.tracker.epoch(runner.preparer.server) > epoch,  # its watch, not a prepare
-                   what="the daemon's watch did not notice the restart")
+        wait_until(
+            lambda: runner.tracker.epoch(runner.preparer.server) > epoch,  # its watch, not a prepare
+            what="the daemon's watch did not notice the restart",
+        )
         turn2 = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
         assert turn2["action"] == "restored", turn2
     finally:
@@ -204,8 +239,13 @@ def test_the_previous_and_the_current_plugin_drive_the_new_daemon(daemon_for, pl
     server, runner = daemon_for("qwen35")
     log = tmp_path / "plugin.jsonl"
     turns = [f"{CAPTURES / PROJ_A}:ses_a", f"{CAPTURES / PROJ_A_TURN2}:ses_a", f"{CAPTURES / PROJ_B}:ses_b"]
-    proc = subprocess.run([node, str(ROOT / "tests/node/drive_plugin.mjs"), str(ROOT / plugin), runner.url,
-                           server.url, str(log), *turns], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [node, str(ROOT / "tests/node/drive_plugin.mjs"), str(ROOT / plugin), runner.url, server.url, str(log), *turns],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     sent = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [s["status"] for s in sent] == [200, 200, 200], sent
@@ -232,8 +272,10 @@ def test_a_turn_sent_the_moment_a_restarted_server_answers_is_never_a_false_hit(
     head = first["prefix_tokens"]
     for i in range(sized(20, 8)):
         timings = chat(server.url, capture(PROJ_A_TURN2))
-        loopback.post(f"{runner.url}/v1/report", json={"fingerprint": first["fingerprint"], "cache_n": timings.cache_n,
-                                                    "prompt_n": timings.prompt_n})
+        loopback.post(
+            f"{runner.url}/v1/report",
+            json={"fingerprint": first["fingerprint"], "cache_n": timings.cache_n, "prompt_n": timings.prompt_n},
+        )
         server.restart()  # returns the moment /health answers 200
         answer = post_prepare(runner.url, PROJ_A_TURN2, "ses_a")
         after = chat(server.url, capture(PROJ_A_TURN2))
@@ -269,17 +311,29 @@ def test_a_pinning_plugin_on_one_slot_holds_it_until_its_report(llama_server) ->
     runner.start()
     try:
         broker = runner.preparer.broker
-        answer = loopback.post(f"{runner.url}/v1/prepare", content=capture_bytes(PROJ_A), timeout=120, headers={
-            "User-Agent": UA, "x-session-id": "ses_a", "Content-Type": "application/json", "x-ocpc-pin": "1"}).json()
+        answer = loopback.post(
+            f"{runner.url}/v1/prepare",
+            content=capture_bytes(PROJ_A),
+            timeout=120,
+            headers={"User-Agent": UA, "x-session-id": "ses_a", "Content-Type": "application/json", "x-ocpc-pin": "1"},
+        ).json()
         assert answer["fingerprint"] and (answer["slot"], answer["pin"]) == (0, False), answer
         assert broker.leases() == 1
         proxied = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(0.5))
         assert proxied.hold is None and proxied.why_not, proxied  # the plugin's request has the slot
         broker.give_back(proxied)
         timings = chat(server.url, capture(PROJ_A))
-        verdict = loopback.post(f"{runner.url}/v1/report", timeout=10, json={
-            "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
-            "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
+        verdict = loopback.post(
+            f"{runner.url}/v1/report",
+            timeout=10,
+            json={
+                "fingerprint": answer["fingerprint"],
+                "prepare_id": answer["prepare_id"],
+                "cache_n": timings.cache_n,
+                "prompt_n": timings.prompt_n,
+                "predicted_n": 4,
+            },
+        ).json()["verdict"]
         assert verdict == "served" and broker.leases() == 0
         after = broker.take(Ask("ses_b", n_slots=broker.n_slots()), deadline=Deadline.after(5))
         assert after.hold is not None, after  # the report gave it back
@@ -298,15 +352,32 @@ def test_a_pinning_plugin_on_two_slots_keeps_each_session_on_its_own_slot(llama_
     runner = Daemon(settings=settings_for(server.url), port=0)
     runner.start()
     try:
+
         def turn(name: str, session: str) -> dict:
-            answer = loopback.post(f"{runner.url}/v1/prepare", content=capture_bytes(name), timeout=120, headers={
-                "User-Agent": UA, "x-session-id": session, "Content-Type": "application/json",
-                "x-ocpc-pin": "1"}).json()
+            answer = loopback.post(
+                f"{runner.url}/v1/prepare",
+                content=capture_bytes(name),
+                timeout=120,
+                headers={
+                    "User-Agent": UA,
+                    "x-session-id": session,
+                    "Content-Type": "application/json",
+                    "x-ocpc-pin": "1",
+                },
+            ).json()
             assert answer["pin"] is True, answer
             timings = chat(server.url, {**capture(name), "id_slot": answer["slot"]})
-            verdict = loopback.post(f"{runner.url}/v1/report", timeout=10, json={
-                "fingerprint": answer["fingerprint"], "prepare_id": answer["prepare_id"],
-                "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "predicted_n": 4}).json()["verdict"]
+            verdict = loopback.post(
+                f"{runner.url}/v1/report",
+                timeout=10,
+                json={
+                    "fingerprint": answer["fingerprint"],
+                    "prepare_id": answer["prepare_id"],
+                    "cache_n": timings.cache_n,
+                    "prompt_n": timings.prompt_n,
+                    "predicted_n": 4,
+                },
+            ).json()["verdict"]
             return answer | {"verdict": verdict, "processed": timings.prompt_n}
 
         a1, b1 = turn(PROJ_A, "ses_a"), turn(PROJ_B, "ses_b")
@@ -325,9 +396,11 @@ def pinned_prepare(runner: Daemon, name: str, session: str) -> socket.socket:
     giving up) while the daemon works on it."""
     raw = capture_bytes(name)
     sock = socket.create_connection(("127.0.0.1", int(runner.url.rsplit(":", 1)[1])))
-    sock.sendall(b"POST /v1/prepare HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"user-agent: %s\r\nx-session-id: %s\r\nx-ocpc-pin: 1\r\ncontent-length: %d\r\n\r\n%s"
-                 % (UA.encode(), session.encode(), len(raw), raw))
+    sock.sendall(
+        b"POST /v1/prepare HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"user-agent: %s\r\nx-session-id: %s\r\nx-ocpc-pin: 1\r\ncontent-length: %d\r\n\r\n%s"
+        % (UA.encode(), session.encode(), len(raw), raw)
+    )
     return sock
 
 
@@ -383,8 +456,9 @@ def test_a_slot_prepared_for_a_plugin_that_gave_up_meanwhile_is_not_lent(llama_s
         with pinned_prepare(runner, PROJ_A, "ses_a") as sock:
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # "working"
             until = time.monotonic() + SUITE_WAIT_S
-            while time.monotonic() < until and not any(s["is_processing"]
-                                                       for s in loopback.get(f"{server.url}/slots").json()):
+            while time.monotonic() < until and not any(
+                s["is_processing"] for s in loopback.get(f"{server.url}/slots").json()
+            ):
                 time.sleep(0.05)  # leave once the warm runs in the server
         counters = counters_once(runner, "warmed")
         assert counters.get("warmed") == 1 and counters.get("client_gone_during_prepare") == 1, counters

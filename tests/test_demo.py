@@ -14,8 +14,16 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.demo import (
-    CASES, COLD, ORDER, RESTART, DemoResult, Sample, Spread, render_demo, summarize,
+from oc_prefix_cache.commands.demo import (
+    CASES,
+    COLD,
+    ORDER,
+    RESTART,
+    DemoResult,
+    Sample,
+    Spread,
+    render_demo,
+    summarize,
 )
 
 
@@ -52,9 +60,14 @@ def _sample(case: str, round_: int, total: float) -> Sample:
 def test_ratios_are_taken_within_a_round_before_the_median() -> None:
     # Round 1 ran under load: both of its arms are slow. Per-round ratios stay 5x; a ratio
     # of the arms' medians would mix rounds (and moves with where the load lands).
-    samples = [_sample(COLD, 0, 1000), _sample(RESTART, 0, 200),
-               _sample(COLD, 1, 3000), _sample(RESTART, 1, 600),
-               _sample(COLD, 2, 1100), _sample(RESTART, 2, 220)]
+    samples = [
+        _sample(COLD, 0, 1000),
+        _sample(RESTART, 0, 200),
+        _sample(COLD, 1, 3000),
+        _sample(RESTART, 1, 600),
+        _sample(COLD, 2, 1100),
+        _sample(RESTART, 2, 220),
+    ]
     cold, restart = summarize(samples, cases=(COLD, RESTART))
     assert restart.vs_cold == Spread(median=5.0, low=5.0, high=5.0, n=3)
     assert restart.total == Spread(median=220, low=200, high=600, n=3)
@@ -74,9 +87,16 @@ def test_spread_deviation_is_the_widest_sample_from_the_median() -> None:
 
 
 def test_the_headline_prints_its_range_and_the_load() -> None:
-    samples = [s for r in range(3) for s in (
-        _sample(COLD, r, 1000 + 100 * r), _sample(CASES[1], r, 900), _sample(CASES[2], r, 120),
-        _sample(RESTART, r, 200))]
+    samples = [
+        s
+        for r in range(3)
+        for s in (
+            _sample(COLD, r, 1000 + 100 * r),
+            _sample(CASES[1], r, 900),
+            _sample(CASES[2], r, 120),
+            _sample(RESTART, r, 200),
+        )
+    ]
     data = DemoResult(samples=samples, load_start=(1.5, 1.0, 1.0), load_end=(2.5, 1.0, 1.0)).to_json()
     console = Console(record=True, width=120)
     render_demo(data, "tiny.gguf", console)

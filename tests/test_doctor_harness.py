@@ -1,7 +1,7 @@
 """`ocpc doctor` for the harnesses wired to the proxy: installed and reaching a proxy,
 installed but the proxy down (or the server behind it), and not installed.
 
-The proxy is the real one (``oc_prefix_cache.proxy``, served in a thread of the test), in
+The proxy is the real one (``oc_prefix_cache.doors.proxy``, served in a thread of the test), in
 front of a stdlib stub of llama-server's ``GET /health``; both are shut down when the test ends.
 A stub alone on the proxy's port stands for "something else listens there".
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import doctor
 from oc_prefix_cache.cli import app
+from oc_prefix_cache.commands import doctor
+from oc_prefix_cache.doors.proxy import Proxy as ProxyApp
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
 from oc_prefix_cache.install import aider, claude_code, cline, codex, kilo_code, pi, qwen_code
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.proxy import Proxy as ProxyApp
-from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.llama.server_process import free_port
 from oc_prefix_cache.settings import Settings
 
 runner = CliRunner()
@@ -62,8 +62,9 @@ def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Proxy]:
         if real:
             settings = Settings.from_env()
             upstream = f"http://127.0.0.1:{port}"
-            server = ProxyServer(ProxyApp(settings=settings, preparer=build_preparer(settings, server_url=upstream)),
-                                 port=0)
+            server = ProxyServer(
+                ProxyApp(settings=settings, preparer=build_preparer(settings, server_url=upstream)), port=0
+            )
             server.start()
             proxies.append(server)
             port = int(server.url.rsplit(":", 1)[1])
@@ -131,14 +132,21 @@ def kilo_installed(home: Path) -> Path:
     return config
 
 
-INSTALLERS = {"claude-code": claude_installed, "pi": pi_installed, "codex": codex_installed,
-              "aider": aider_installed, "qwen-code": qwen_installed, "cline": cline_installed,
-              "kilo-code": kilo_installed}
+INSTALLERS = {
+    "claude-code": claude_installed,
+    "pi": pi_installed,
+    "codex": codex_installed,
+    "aider": aider_installed,
+    "qwen-code": qwen_installed,
+    "cline": cline_installed,
+    "kilo-code": kilo_installed,
+}
 
 
 @pytest.mark.parametrize("harness", INSTALLERS)
-def test_installed_and_reaching_the_proxy_is_ok(harness: str, isolated_home: Path, tmp_path: Path,
-                                                proxy: Proxy) -> None:
+def test_installed_and_reaching_the_proxy_is_ok(
+    harness: str, isolated_home: Path, tmp_path: Path, proxy: Proxy
+) -> None:
     port = proxy()
     INSTALLERS[harness](isolated_home)
     check = checks(tmp_path)[harness]
@@ -146,8 +154,9 @@ def test_installed_and_reaching_the_proxy_is_ok(harness: str, isolated_home: Pat
 
 
 @pytest.mark.parametrize("harness", INSTALLERS)
-def test_installed_but_the_proxy_is_down_fails_with_how_to_start_it(harness: str, isolated_home: Path,
-                                                                    tmp_path: Path, proxy_down: int) -> None:
+def test_installed_but_the_proxy_is_down_fails_with_how_to_start_it(
+    harness: str, isolated_home: Path, tmp_path: Path, proxy_down: int
+) -> None:
     INSTALLERS[harness](isolated_home)
     check = checks(tmp_path)[harness]
     assert check.status == "fail" and f"nothing answers at http://127.0.0.1:{proxy_down}" in check.detail, check
@@ -163,8 +172,9 @@ def test_proxy_up_but_its_server_down_warns(harness: str, isolated_home: Path, t
 
 
 @pytest.mark.parametrize("harness", INSTALLERS)
-def test_something_else_on_the_proxy_port_warns(harness: str, isolated_home: Path, tmp_path: Path,
-                                                proxy: Proxy) -> None:
+def test_something_else_on_the_proxy_port_warns(
+    harness: str, isolated_home: Path, tmp_path: Path, proxy: Proxy
+) -> None:
     proxy(real=False)  # e.g. a llama-server started on the proxy's port: /health answers, /ocpc/status not
     INSTALLERS[harness](isolated_home)
     check = checks(tmp_path)[harness]
@@ -185,14 +195,16 @@ def test_a_config_no_longer_pointing_at_the_proxy_warns(isolated_home: Path, tmp
     check = checks(tmp_path)["claude-code"]
     assert check.status == "warn" and "not to the proxy" in check.detail, check
     pi_config = pi_installed(isolated_home)
-    pi_config.write_text(pi_config.read_text().replace('"sendSessionAffinityHeaders": true',
-                                                       '"sendSessionAffinityHeaders": false'))
+    pi_config.write_text(
+        pi_config.read_text().replace('"sendSessionAffinityHeaders": true', '"sendSessionAffinityHeaders": false')
+    )
     check = checks(tmp_path)["pi"]
     assert check.status == "warn" and "session-affinity" in check.detail, check
 
 
-def test_claude_settings_without_the_capability_line_warn_to_reinstall(isolated_home: Path, tmp_path: Path,
-                                                                        proxy: Proxy) -> None:
+def test_claude_settings_without_the_capability_line_warn_to_reinstall(
+    isolated_home: Path, tmp_path: Path, proxy: Proxy
+) -> None:
     """An install by an older ocpc (no CLAUDE_CODE_MODEL_CAPABILITIES) works, but every new session
     processes Claude Code's environment again: doctor says so, and how to fix it."""
     proxy()
@@ -203,8 +215,7 @@ def test_claude_settings_without_the_capability_line_warn_to_reinstall(isolated_
     assert "ocpc install --harness claude-code" in check.fix
 
 
-def test_a_project_setting_that_overrides_the_proxy_warns(isolated_home: Path, tmp_path: Path,
-                                                          proxy: Proxy) -> None:
+def test_a_project_setting_that_overrides_the_proxy_warns(isolated_home: Path, tmp_path: Path, proxy: Proxy) -> None:
     """A project's .claude/settings.local.json env wins over ~/.claude/settings.json
     (seen on Claude Code 2.1.332): there, Claude Code bypasses the proxy."""
     proxy()
@@ -217,14 +228,18 @@ def test_a_project_setting_that_overrides_the_proxy_warns(isolated_home: Path, t
     assert checks(tmp_path)["claude-code"].status == "ok"
 
 
-@pytest.mark.parametrize("harness, moved", [
-    ("codex", ('base_url = "http://127.0.0.1:', 'base_url = "http://127.0.0.1:1')),
-    ("aider", ("openai-api-base: http://127.0.0.1:", "openai-api-base: http://127.0.0.1:1")),
-    ("qwen-code", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
-    ("cline", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
-])
-def test_a_toml_yaml_or_json_config_sent_elsewhere_warns(harness: str, moved: tuple[str, str], isolated_home: Path,
-                                                         tmp_path: Path, proxy: Proxy) -> None:
+@pytest.mark.parametrize(
+    "harness, moved",
+    [
+        ("codex", ('base_url = "http://127.0.0.1:', 'base_url = "http://127.0.0.1:1')),
+        ("aider", ("openai-api-base: http://127.0.0.1:", "openai-api-base: http://127.0.0.1:1")),
+        ("qwen-code", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
+        ("cline", ('"baseUrl": "http://127.0.0.1:', '"baseUrl": "http://127.0.0.1:1')),
+    ],
+)
+def test_a_toml_yaml_or_json_config_sent_elsewhere_warns(
+    harness: str, moved: tuple[str, str], isolated_home: Path, tmp_path: Path, proxy: Proxy
+) -> None:
     proxy()
     config = INSTALLERS[harness](isolated_home)
     config.write_text(config.read_text().replace(*moved))
@@ -241,8 +256,9 @@ def test_a_config_deleted_since_install_warns(isolated_home: Path, tmp_path: Pat
     assert check.status == "warn" and "is gone" in check.detail and "--harness pi" in check.fix, check
 
 
-def test_cli_doctor_lists_each_installed_harness(isolated_home: Path, tmp_path: Path, proxy_down: int,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_doctor_lists_each_installed_harness(
+    isolated_home: Path, tmp_path: Path, proxy_down: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     claude_installed(isolated_home)
     pi_installed(isolated_home)
     monkeypatch.chdir(tmp_path)

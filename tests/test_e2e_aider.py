@@ -27,12 +27,11 @@ import pytest
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.process import stop_group
-
-from .harness_bins import Bin
-from .helpers import install_harness, uninstall_harness
-from .proxy_stub import agent_env
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
+from oc_prefix_cache.llama.supervisor import stop_group
+from tests.harness_bins import Bin
+from tests.helpers import install_harness, uninstall_harness
+from tests.proxy_stub import agent_env
+from tests.test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,21 +63,46 @@ def aider_home(home: Path, proxy_url: str, server_url: str) -> Path:
     """A HOME whose .aider.conf.yml the user had, pointed at the proxy by `ocpc install --harness aider`."""
     home.mkdir(parents=True, exist_ok=True)
     (home / ".aider.conf.yml").write_text(USERS_CONFIG)
-    said = install_harness("aider", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)},
-                           args=("--model", "local-model"))
+    said = install_harness(
+        "aider", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)}, args=("--model", "local-model")
+    )
     assert "replaced your model: 'sonnet' with 'openai/local-model'" in said, said
     return home
 
 
 def run_aider(binary: Path, home: Path, project: Path, prompt: str) -> str:
     """One session; the model, base URL and key come from the installed ~/.aider.conf.yml only."""
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    args = ["--no-auto-commits", "--yes-always", "--no-check-update", "--no-show-model-warnings",
-            "--analytics-disable", "--no-show-release-notes", "--no-gitignore", "--no-pretty", "--no-fancy-input",
-            "--message", prompt]
-    proc = subprocess.run([str(binary), *args], cwd=project, env=agent_env(env), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "TERM": "dumb",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    args = [
+        "--no-auto-commits",
+        "--yes-always",
+        "--no-check-update",
+        "--no-show-model-warnings",
+        "--analytics-disable",
+        "--no-show-release-notes",
+        "--no-gitignore",
+        "--no-pretty",
+        "--no-fancy-input",
+        "--message",
+        prompt,
+    ]
+    proc = subprocess.run(
+        [str(binary), *args],
+        cwd=project,
+        env=agent_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"aider failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -93,11 +117,14 @@ def last_message_tokens(server_url: str) -> int:
     return len(response.json()["tokens"])
 
 
-def test_aider_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, aider_bin: Path,
-                                                                      tmp_path: Path) -> None:
+def test_aider_sessions_are_served_from_the_head_and_the_project_head(
+    llama_server: Any, aider_bin: Path, tmp_path: Path
+) -> None:
     server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
-    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    dirs = {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+        "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"}),
+    }
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
         home = aider_home(tmp_path / "aider-home", proxy.url, server.url)
         rows = proxy.four_sessions(server, dirs, lambda p: run_aider(aider_bin, home, p, "say ok"))
@@ -115,14 +142,17 @@ def test_aider_sessions_are_served_from_the_head_and_the_project_head(llama_serv
     last = last_message_tokens(server.url)
     for session in ("A2", "A3 after restart"):
         processed = sum(r["prompt_n"] for r in rows if r["session"] == session)
-        print(f"{session}: processed {processed} of {first_prompt} ({processed / first_prompt:.1%}); "
-              f"its last message is {last} tokens")
+        print(
+            f"{session}: processed {processed} of {first_prompt} ({processed / first_prompt:.1%}); "
+            f"its last message is {last} tokens"
+        )
         assert processed <= last + 16, (session, processed, last, first_prompt, rows)  # its last message only
     assert not any(k.startswith("fail_open") for k in counters), counters
 
 
 def test_two_aider_sessions_of_two_projects_side_by_side_each_keep_their_conversation(
-        llama_server: Any, family_args: Any, aider_bin: Path, tmp_path: Path) -> None:
+    llama_server: Any, family_args: Any, aider_bin: Path, tmp_path: Path
+) -> None:
     """Issue 36, defect 1: Aider sends no session id, and its system prompt and example exchange
     are the same in every project; keyed by those, every Aider session on a machine was one
     conversation (project B sent to project A's slot, A never parked, one park file for both).
@@ -130,10 +160,13 @@ def test_two_aider_sessions_of_two_projects_side_by_side_each_keep_their_convers
     Gemma model with two slots (the tiny models crash with two requests at once): each turn after
     the first processes only what is new in its own conversation, never the other's, and a
     graceful stop parks them as two files, one each."""
-    server = llama_server("gemma3", ctx_size=2 * 16384, parallel=2,
-                          extra_args=("-n", "12", *family_args("gemma3")))  # short replies: the prompts are the test
-    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    server = llama_server(
+        "gemma3", ctx_size=2 * 16384, parallel=2, extra_args=("-n", "12", *family_args("gemma3"))
+    )  # short replies: the prompts are the test
+    dirs = {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+        "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"}),
+    }
     typed = {"A": ("say ok", "say it again"), "B": ("what is in this repo", "and the other file")}
     with bench.Launched(server.url, tmp_path / "ocpc") as launched:
         home = aider_home(tmp_path / "aider-home", launched.doors.proxy, server.url)
@@ -145,7 +178,10 @@ def test_two_aider_sessions_of_two_projects_side_by_side_each_keep_their_convers
                     assert proc.stdin is not None
                     proc.stdin.write(typed[name][turn] + "\n")
                     proc.stdin.flush()
-                wait_for(lambda: len(proxy_rows(launched)) >= before + 2, what=f"turn {turn + 1} of both sessions")
+                wait_for(
+                    lambda before=before: len(proxy_rows(launched)) >= before + 2,
+                    what=f"turn {turn + 1} of both sessions",
+                )
         finally:
             for proc in sessions.values():
                 finish(proc)
@@ -158,7 +194,7 @@ def test_two_aider_sessions_of_two_projects_side_by_side_each_keep_their_convers
     for row in rows:
         by_conversation.setdefault(row["conversation"], []).append(row)
     assert len(by_conversation) == 2, by_conversation  # two conversations, never one
-    for conversation, turns in by_conversation.items():
+    for _conversation, turns in by_conversation.items():
         assert len(turns) == 2, turns
         first, second = turns
         assert {first["slot"]} == {second["slot"]}, turns  # each kept its slot
@@ -170,8 +206,9 @@ def test_two_aider_sessions_of_two_projects_side_by_side_each_keep_their_convers
     assert len({rows[0]["slot"], rows[1]["slot"]}) == 2  # side by side: one slot each
     parks = sorted(p.name for p in slot_dir.glob("oc-conv-*.bin"))
     assert len(parks) == 2, (parks, parked)  # two parks, one per conversation
-    assert counters.get("report_missed", 0) == 0 and not any(k.startswith("proxy:fail_open") for k in counters), \
+    assert counters.get("report_missed", 0) == 0 and not any(k.startswith("proxy:fail_open") for k in counters), (
         counters
+    )
 
 
 def proxy_rows(launched: Any) -> list[dict[str, Any]]:
@@ -182,13 +219,36 @@ def proxy_rows(launched: Any) -> list[dict[str, Any]]:
 
 def start_aider(binary: Path, home: Path, project: Path, log: Path) -> subprocess.Popen[str]:
     """An interactive session reading typed lines from standard input (as `printf ... | aider`)."""
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    args = ["--no-auto-commits", "--yes-always", "--no-check-update", "--no-show-model-warnings",
-            "--analytics-disable", "--no-show-release-notes", "--no-gitignore", "--no-pretty", "--no-fancy-input"]
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "TERM": "dumb",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    args = [
+        "--no-auto-commits",
+        "--yes-always",
+        "--no-check-update",
+        "--no-show-model-warnings",
+        "--analytics-disable",
+        "--no-show-release-notes",
+        "--no-gitignore",
+        "--no-pretty",
+        "--no-fancy-input",
+    ]
     with open(log, "w") as out:
-        return subprocess.Popen([str(binary), *args], cwd=project, env=agent_env(env), stdin=subprocess.PIPE,
-                                stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [str(binary), *args],
+            cwd=project,
+            env=agent_env(env),
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def finish(proc: subprocess.Popen[str]) -> None:

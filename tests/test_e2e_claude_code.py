@@ -17,23 +17,22 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.events import read_events
+from oc_prefix_cache.disk.events import read_events
 from oc_prefix_cache.install import claude_code
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
 from oc_prefix_cache.settings import Settings
-
-from .harness_bins import Bin, npm_install  # noqa: F401 (npm_install: the other end-to-end tests' import)
-from .helpers import SUITE_WAIT_S, wait_until
-from .proxy_stub import agent_env
+from tests.harness_bins import Bin
+from tests.helpers import SUITE_WAIT_S, wait_until
+from tests.proxy_stub import agent_env
 
 pytestmark = pytest.mark.rig
 
@@ -46,12 +45,21 @@ END_AT_ONCE = ("--logit-bias", "151645+30")  # <|im_end|> in the tiny models' vo
 #: over `--n-predict`), and thinking is off, so that the template closes its `<think>` and the token
 #: lands in `content` (Qwen Code rejects a reply with thinking tags in it). None of it changes
 #: prompt processing or caching.
-SAY_OK = ("--chat-template-kwargs", '{"enable_thinking":false}',
-          "--override-kv", "tokenizer.ggml.eos_token_id=int:562", "--logit-bias", "562+30")
+SAY_OK = (
+    "--chat-template-kwargs",
+    '{"enable_thinking":false}',
+    "--override-kv",
+    "tokenizer.ggml.eos_token_id=int:562",
+    "--logit-bias",
+    "562+30",
+)
 
 
-BIN = Bin(f"claude-code-{VERSION}", f"@anthropic-ai/claude-code@{VERSION}",
-          "node_modules/@anthropic-ai/claude-code/bin/claude.exe")
+BIN = Bin(
+    f"claude-code-{VERSION}",
+    f"@anthropic-ai/claude-code@{VERSION}",
+    "node_modules/@anthropic-ai/claude-code/bin/claude.exe",
+)
 
 
 @pytest.fixture
@@ -75,9 +83,13 @@ class ProxyProcess:
     def __enter__(self) -> ProxyProcess:
         env = {**os.environ, "OC_PREFIX_CACHE_PROXY_PORT": str(self.port), **self.env}
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "proxy", "--server",
-                                          self.server_url, "-v"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "oc_prefix_cache", "proxy", "--server", self.server_url, "-v"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
         def up() -> bool:  # the event: its status answers (a loaded machine only makes it later)
             if self.proc is None or self.proc.poll() is not None:
@@ -106,9 +118,11 @@ class ProxyProcess:
         """The proxy's status once no request holds a slot: it records a request (then gives its
         slot back) in a worker just after the answer's last byte, so an agent that exits at once
         can be quicker than the record, the more so on a loaded machine."""
+
         def idle() -> dict[str, Any] | None:
             status = self.status()
             return status if not any(slot["busy"] for slot in status["slots"].values()) else None
+
         return wait_until(idle, what="the proxy's requests did not finish")
 
     def new_requests(self) -> list[dict[str, Any]]:
@@ -122,22 +136,39 @@ class ProxyProcess:
         assert total >= len(fresh)
         return fresh
 
-    def four_sessions(self, server: Any, dirs: dict[str, Path], run: Callable[[Path], Any],
-                      fields: Callable[[Any], dict[str, Any]] = lambda done: {}) -> list[dict[str, Any]]:
+    def four_sessions(
+        self,
+        server: Any,
+        dirs: dict[str, Path],
+        run: Callable[[Path], Any],
+        fields: Callable[[Any], dict[str, Any]] = lambda done: {},
+    ) -> list[dict[str, Any]]:
         """The agents' end-to-end pattern: a first session in project A (it warms), a second one
         there, one in project B, and one in A after a server restart. ``run(project)`` runs the
         agent once; one row per request the proxy finished, with ``fields(run's result)``."""
         rows: list[dict[str, Any]] = []
-        for name, project, restart in (("A1", dirs["A"], False), ("A2", dirs["A"], False),
-                                       ("B1", dirs["B"], False), ("A3 after restart", dirs["A"], True)):
+        for name, project, restart in (
+            ("A1", dirs["A"], False),
+            ("A2", dirs["A"], False),
+            ("B1", dirs["B"], False),
+            ("A3 after restart", dirs["A"], True),
+        ):
             if restart:
                 server.restart()
             done = run(project)
             requests = self.new_requests()
             assert requests, f"no request reached the proxy for {name}: {done!r}"[:3000]
-            rows += [{"session": name, "request": i + 1, **fields(done), **{k: r[k] for k in (
-                "adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}}
-                for i, r in enumerate(requests)]
+            rows += [
+                {
+                    "session": name,
+                    "request": i + 1,
+                    **fields(done),
+                    **{
+                        k: r[k] for k in ("adapter", "path", "action", "prefix_tokens", "cache_n", "prompt_n", "reason")
+                    },
+                }
+                for i, r in enumerate(requests)
+            ]
         return rows
 
 
@@ -145,40 +176,70 @@ def make_project(path: Path, files: dict[str, str]) -> Path:
     path.mkdir(parents=True)
     for name, text in files.items():
         (path / name).write_text(text)
-    git = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
-           "GIT_COMMITTER_EMAIL": "dev@example.com", "GIT_AUTHOR_DATE": "2026-11-29T12:00:00Z",
-           "GIT_COMMITTER_DATE": "2026-11-29T12:00:00Z"}
+    git = {
+        "GIT_AUTHOR_NAME": "dev",
+        "GIT_AUTHOR_EMAIL": "dev@example.com",
+        "GIT_COMMITTER_NAME": "dev",
+        "GIT_COMMITTER_EMAIL": "dev@example.com",
+        "GIT_AUTHOR_DATE": "2026-11-29T12:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-11-29T12:00:00Z",
+    }
     for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "init"]):
         subprocess.run(["git", *args], cwd=path, env={**os.environ, **git}, check=True, capture_output=True)
     return path
 
 
 def claude_env(proxy_url: str) -> dict[str, str]:
-    return {**os.environ, "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_AUTH_TOKEN": "dummy",
-            "ANTHROPIC_MODEL": "local-model", "ANTHROPIC_SMALL_FAST_MODEL": "local-model",
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "local-model", "ANTHROPIC_DEFAULT_SONNET_MODEL": "local-model",
-            "ANTHROPIC_DEFAULT_OPUS_MODEL": "local-model", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64", "TERM": "dumb", "TZ": "UTC"}
+    return {
+        **os.environ,
+        "ANTHROPIC_BASE_URL": proxy_url,
+        "ANTHROPIC_AUTH_TOKEN": "dummy",
+        "ANTHROPIC_MODEL": "local-model",
+        "ANTHROPIC_SMALL_FAST_MODEL": "local-model",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "local-model",
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": "local-model",
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": "local-model",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64",
+        "TERM": "dumb",
+        "TZ": "UTC",
+    }
 
 
 def run_claude(binary: Path, env: dict[str, str], project: Path, *args: str) -> str:
-    proc = subprocess.run([str(binary), *args], cwd=project, env=agent_env({**env, "PWD": str(project)}),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(binary), *args],
+        cwd=project,
+        env=agent_env({**env, "PWD": str(project)}),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"claude failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
 def projects(tmp_path: Path) -> dict[str, Path]:
-    return {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    return {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+        "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"}),
+    }
 
 
 def commit(project: Path, name: str) -> None:
     """A commit in the project: its git status (a reminder in Claude Code's first message) changes."""
     (project / name).write_text(f"{name}\n")
-    git = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
-           "GIT_COMMITTER_EMAIL": "dev@example.com"}
+    git = {
+        "GIT_AUTHOR_NAME": "dev",
+        "GIT_AUTHOR_EMAIL": "dev@example.com",
+        "GIT_COMMITTER_NAME": "dev",
+        "GIT_COMMITTER_EMAIL": "dev@example.com",
+    }
     for args in (["add", "."], ["commit", "-q", "-m", f"add {name}"]):
         subprocess.run(["git", *args], cwd=project, env={**os.environ, **git}, check=True, capture_output=True)
 
@@ -191,9 +252,14 @@ SETUPS = ("installed", "env-only", "environment-to-system")
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude_bin: Path, tmp_path: Path,
-                                                      isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      setup: str) -> None:
+def test_claude_code_sessions_are_served_from_the_head(
+    llama_server: Any,
+    claude_bin: Path,
+    tmp_path: Path,
+    isolated_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setup: str,
+) -> None:
     server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
     dirs = projects(tmp_path)
     rows: list[dict[str, Any]] = []
@@ -206,8 +272,13 @@ def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude
             print("\n".join(said))
             for key in ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"):  # what Claude Code gets from the settings
                 del env[key]
-        sessions = (("A1", "A", ""), ("A2", "A", ""), ("B1", "B", ""), ("A3 after restart", "A", "restart"),
-                    ("A4 after a commit", "A", "commit"))
+        sessions = (
+            ("A1", "A", ""),
+            ("A2", "A", ""),
+            ("B1", "B", ""),
+            ("A3 after restart", "A", "restart"),
+            ("A4 after a commit", "A", "commit"),
+        )
         spent: dict[str, int] = {}  # prompt tokens the server processed per session: its requests and ocpc's own
         for name, project, before in sessions:
             if before == "restart":
@@ -220,8 +291,14 @@ def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude
             # The tiny model's reply is empty, so Claude Code asks once more in the same session
             # ("Your previous response had no visible output"): the first is the session's first.
             assert 1 <= len(requests) <= 2, json.dumps(requests, indent=1)
-            rows += [{"session": name, "request": i + 1, **{k: r[k] for k in (
-                "action", "prefix_tokens", "cache_n", "prompt_n", "reason")}} for i, r in enumerate(requests)]
+            rows += [
+                {
+                    "session": name,
+                    "request": i + 1,
+                    **{k: r[k] for k in ("action", "prefix_tokens", "cache_n", "prompt_n", "reason")},
+                }
+                for i, r in enumerate(requests)
+            ]
             spent[name] = sum(e.prompt_n for e in read_events(Settings.from_env().log_dir, since=started))
         counters = proxy.status()["counters"]
     print("\n" + "\n".join(json.dumps(row) for row in rows))
@@ -240,8 +317,10 @@ def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude
     first_prompt = sum(r["cache_n"] + r["prompt_n"] for r in rows if r["session"] == "A1")
     processed = {s: sum(r["prompt_n"] for r in rows if r["session"] == s) for s, _, _ in sessions}
     for session, tokens in processed.items():
-        print(f"{session}: its requests processed {tokens} of the first session's {first_prompt} prompt tokens; "
-              f"with ocpc's own (a project head saved) {spent[session]}")
+        print(
+            f"{session}: its requests processed {tokens} of the first session's {first_prompt} prompt tokens; "
+            f"with ocpc's own (a project head saved) {spent[session]}"
+        )
     assert all(spent[s] >= processed[s] for s in processed), (spent, processed)
     # As installed (and with the opt-in), a new session in the same project, and one after a restart,
     # process only what is new (issue 18; env-only, the environment after the typed text is processed
@@ -257,7 +336,8 @@ def test_claude_code_sessions_are_served_from_the_head(llama_server: Any, claude
 
 
 def test_two_claude_code_conversations_alternate_on_their_own_slots(
-        llama_server: Any, claude_bin: Path, tmp_path: Path) -> None:
+    llama_server: Any, claude_bin: Path, tmp_path: Path
+) -> None:
     server = llama_server("qwen35", ctx_size=65536, parallel=2, extra_args=END_AT_ONCE)
     dirs = projects(tmp_path)
     turns = [("P", dirs["A"], ["-p", "say ok"]), ("Q", dirs["B"], ["-p", "reply with the word ok"])]
@@ -267,8 +347,15 @@ def test_two_claude_code_conversations_alternate_on_their_own_slots(
         env = claude_env(proxy.url)
         for turn, (name, project, args) in enumerate(turns):
             run_claude(claude_bin, env, project, *args)
-            rows += [{"conversation": name, "turn": turn // 2 + 1, "request": i + 1, **{k: r[k] for k in (
-                "slot", "rule", "action", "cache_n", "prompt_n")}} for i, r in enumerate(proxy.new_requests())]
+            rows += [
+                {
+                    "conversation": name,
+                    "turn": turn // 2 + 1,
+                    "request": i + 1,
+                    **{k: r[k] for k in ("slot", "rule", "action", "cache_n", "prompt_n")},
+                }
+                for i, r in enumerate(proxy.new_requests())
+            ]
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     slots = {name: {r["slot"] for r in rows if r["conversation"] == name} for name in ("P", "Q")}
     assert len(slots["P"]) == 1 and len(slots["Q"]) == 1 and slots["P"] != slots["Q"], rows

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from .harness_bins import Bin
-from .helpers import install_harness, uninstall_harness
-from .proxy_stub import agent_env
-from .test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
+from tests.harness_bins import Bin
+from tests.helpers import install_harness, uninstall_harness
+from tests.proxy_stub import agent_env
+from tests.test_e2e_claude_code import END_AT_ONCE, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
@@ -37,8 +37,15 @@ def cline_bin() -> Path:
 
 def cline_env(home: Path) -> dict[str, str]:
     # local backend: by default Cline starts a detached hub daemon that outlives the command
-    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
-            "CLINE_SESSION_BACKEND_MODE": "local", "CLINE_NO_AUTO_UPDATE": "1"}
+    return {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "TERM": "dumb",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "CLINE_SESSION_BACKEND_MODE": "local",
+        "CLINE_NO_AUTO_UPDATE": "1",
+    }
 
 
 PROVIDERS = Path(".cline") / "data" / "settings" / "providers.json"
@@ -47,8 +54,9 @@ PROVIDERS = Path(".cline") / "data" / "settings" / "providers.json"
 def cline_home(home: Path, proxy_url: str, server_url: str) -> Path:
     """A HOME whose Cline provider is the proxy (OpenAI compatible), written by `ocpc install --harness cline`."""
     home.mkdir(parents=True, exist_ok=True)
-    install_harness("cline", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)},
-                    args=("--model", "local-model"))
+    install_harness(
+        "cline", proxy_url=proxy_url, server_url=server_url, env={"HOME": str(home)}, args=("--model", "local-model")
+    )
     assert (home / PROVIDERS).exists()
     return home
 
@@ -56,18 +64,31 @@ def cline_home(home: Path, proxy_url: str, server_url: str) -> Path:
 def run_cline(binary: Path, home: Path, project: Path, prompt: str) -> str:
     """One session. The tiny model's reply is empty (it ends at once), which Cline reports as an error
     and exit status 1 after the request was answered: that one failure is expected here."""
-    proc = subprocess.run([str(binary), prompt], cwd=project, env=agent_env(cline_env(home)), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(binary), prompt],
+        cwd=project,
+        env=agent_env(cline_env(home)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     empty = proc.returncode == 1 and "Model returned empty response" in proc.stdout + proc.stderr
-    assert proc.returncode == 0 or empty, f"cline failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 or empty, (
+        f"cline failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
-def test_cline_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, cline_bin: Path,
-                                                                      tmp_path: Path) -> None:
+def test_cline_sessions_are_served_from_the_head_and_the_project_head(
+    llama_server: Any, cline_bin: Path, tmp_path: Path
+) -> None:
     server = llama_server("qwen35", ctx_size=32768, extra_args=END_AT_ONCE)
-    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    dirs = {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+        "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"}),
+    }
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
         home = cline_home(tmp_path / "cline-home", proxy.url, server.url)
         rows = proxy.four_sessions(server, dirs, lambda p: run_cline(cline_bin, home, p, "say ok"))

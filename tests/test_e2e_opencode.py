@@ -22,12 +22,11 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
-
-from .harness_bins import Bin
-from .helpers import SUITE_WAIT_S, wait_until
-from .proxy_stub import agent_env
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
+from tests.harness_bins import Bin
+from tests.helpers import SUITE_WAIT_S, wait_until
+from tests.proxy_stub import agent_env
 
 pytestmark = pytest.mark.rig
 
@@ -35,8 +34,9 @@ OPENCODE_VERSION = "1.18.33"
 MODEL = "tiny"
 
 
-BIN = Bin(f"opencode-{OPENCODE_VERSION}", f"opencode-ai@{OPENCODE_VERSION}",
-          "node_modules/opencode-linux-x64/bin/opencode")
+BIN = Bin(
+    f"opencode-{OPENCODE_VERSION}", f"opencode-ai@{OPENCODE_VERSION}", "node_modules/opencode-linux-x64/bin/opencode"
+)
 
 
 @pytest.fixture
@@ -70,7 +70,11 @@ class Daemon:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "oc_prefix_cache", "daemon", "--server", self.server_url, "-v"],
-                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
         def up() -> bool:  # the event: its /health answers (a loaded machine only makes it later)
             if self.proc is None or self.proc.poll() is not None:
@@ -97,25 +101,54 @@ class Daemon:
 
 def installed_env(server_url: str) -> dict[str, str]:
     """OpenCode's environment for a test (offline, no updates), after `ocpc install` into it."""
-    env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
-           "OC_PREFIX_CACHE_BASE_URL": server_url,
-           "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"}
+    env = {
+        **os.environ,
+        "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+        "OC_PREFIX_CACHE_BASE_URL": server_url,
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
     installed = subprocess.run(
-        [sys.executable, "-m", "oc_prefix_cache", "install", "--base-url", server_url, "--model", MODEL,
-         "--output-limit", "16", "--opencode-version", OPENCODE_VERSION],
-        env=env, capture_output=True, text=True, timeout=900, check=False)
+        [
+            sys.executable,
+            "-m",
+            "oc_prefix_cache",
+            "install",
+            "--base-url",
+            server_url,
+            "--model",
+            MODEL,
+            "--output-limit",
+            "16",
+            "--opencode-version",
+            OPENCODE_VERSION,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert installed.returncode == 0, installed.stderr
     return env
 
 
-def run_opencode(binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi", *,
-                 more: tuple[str, ...] = ()) -> str:
+def run_opencode(
+    binary: Path, env: dict[str, str], project: Path, prompt: str = "say hi", *, more: tuple[str, ...] = ()
+) -> str:
     # OpenCode takes its working directory from $PWD, not from the process's cwd: without
     # this, every session ran "in" the directory pytest was started from.
-    proc = subprocess.run([str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more], cwd=project,
-                          env=agent_env({**env, "PWD": str(project)}),  # NO_PROXY, as doctor advises
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [str(binary), "run", prompt, "--model", f"llamacpp/{MODEL}", *more],
+        cwd=project,
+        env=agent_env({**env, "PWD": str(project)}),  # NO_PROXY, as doctor advises
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"opencode failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -155,8 +188,9 @@ def last_main_prepare(daemon: Daemon) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("model", ["qwen35", "qwen3"])
-def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path,
-                                model: str) -> None:
+def test_four_opencode_sessions(
+    llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path, model: str
+) -> None:
     server = llama_server(model, ctx_size=32768)
     env = installed_env(server.url)
     config = isolated_home / "config" / "opencode" / "opencode.json"
@@ -199,14 +233,28 @@ def test_four_opencode_sessions(llama_server, opencode_bin: Path, isolated_home:
     requests_before = server_requests(server.log_path)
     run_opencode(opencode_bin, env, projects["projA"])
     assert server_requests(server.log_path) > requests_before, "session 4's request did not reach the server"
-    events = [json.loads(line) for line in (isolated_home.parent / "ocpc" / "logs" / "plugin.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line) for line in (isolated_home.parent / "ocpc" / "logs" / "plugin.jsonl").read_text().splitlines()
+    ]
     last_error = max(i for i, e in enumerate(events) if e["ev"] == "error" and e.get("stage") == "prepare")
     forwards = [e for e in events[last_error:] if e["ev"] == "forward"]
     assert forwards and forwards[0]["status"] == 200, events[last_error:]
-    seen.append({"session": 4, "action": "daemon down", "plugin": events[last_error]["error"][:60],
-                 "forward_status": forwards[0]["status"]})
-    status = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "status", "--json"], env=env,
-                            capture_output=True, text=True, timeout=60, check=True)
+    seen.append(
+        {
+            "session": 4,
+            "action": "daemon down",
+            "plugin": events[last_error]["error"][:60],
+            "forward_status": forwards[0]["status"],
+        }
+    )
+    status = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     data = json.loads(status.stdout)
     assert data["plugin"]["fail_opens"] >= 1 and data["plugin"]["forwards"] >= 4, data["plugin"]
     assert "daemon is not running" in data["verdict"]
@@ -220,7 +268,9 @@ def server_requests(log: Path) -> int:
 SUBAGENT = Path(__file__).parent / "data" / "opencode-1.18.33-subagent"
 LONG_PROMPT = " ".join(
     f"Step {i}: read the module that handles refunds, list every function that computes an amount, "
-    f"and note which of them round to cents before summing." for i in range(30))
+    f"and note which of them round to cents before summing."
+    for i in range(30)
+)
 
 
 def replay_subagent(daemon: Daemon, server_url: str) -> list[dict[str, Any]]:
@@ -231,28 +281,47 @@ def replay_subagent(daemon: Daemon, server_url: str) -> list[dict[str, Any]]:
     for name in ("0003-POST-v1_chat_completions.json", "0004-POST-v1_chat_completions.json"):
         captured = json.loads((SUBAGENT / name).read_text())
         body = captured["body_json"]
-        headers = {k.lower(): v for k, v in captured["headers"] if k.lower() in
-                   ("user-agent", "x-session-id", "x-session-affinity", "x-parent-session-id")}
+        headers = {
+            k.lower(): v
+            for k, v in captured["headers"]
+            if k.lower() in ("user-agent", "x-session-id", "x-session-affinity", "x-parent-session-id")
+        }
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        answer = loopback.post(f"{daemon.url}/v1/prepare", content=raw, timeout=300,
-                               headers={**headers, "content-type": "application/json"}).json()
+        answer = loopback.post(
+            f"{daemon.url}/v1/prepare",
+            content=raw,
+            timeout=300,
+            headers={**headers, "content-type": "application/json"},
+        ).json()
         sent = {**body, "max_tokens": 4, "stream": False}
         sent.pop("stream_options", None)
         timings = loopback.post(f"{server_url}/v1/chat/completions", json=sent, timeout=300).json()["timings"]
-        loopback.post(f"{daemon.url}/v1/report", timeout=30, json={
-            "fingerprint": answer["fingerprint"], "cache_n": timings["cache_n"], "prompt_n": timings["prompt_n"],
-            "predicted_n": timings["predicted_n"], "prepare_id": answer["prepare_id"]})
+        loopback.post(
+            f"{daemon.url}/v1/report",
+            timeout=30,
+            json={
+                "fingerprint": answer["fingerprint"],
+                "cache_n": timings["cache_n"],
+                "prompt_n": timings["prompt_n"],
+                "predicted_n": timings["predicted_n"],
+                "prepare_id": answer["prepare_id"],
+            },
+        )
         answers.append(answer)
     return answers
 
 
 def test_a_subagent_between_two_turns_and_the_parent_comes_back_from_its_park(
-        llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path) -> None:
+    llama_server, opencode_bin: Path, isolated_home: Path, tmp_path: Path
+) -> None:
     """The real OpenCode: a first turn with a long user message, then a subagent (another
     head: fewer tools) takes the slot, then `opencode run --continue`: the parent's next
     request is restored from its park and processes only what the turn added."""
-    server = llama_server("qwen35", ctx_size=32768, extra_args=(
-        "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics"))
+    server = llama_server(
+        "qwen35",
+        ctx_size=32768,
+        extra_args=("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics"),
+    )
     env = installed_env(server.url)
     daemon = Daemon(env, server.url, tmp_path / "daemon.log")
     daemon.start()

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from .harness_bins import Bin
-from .proxy_stub import agent_env
-from .test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
+from tests.harness_bins import Bin
+from tests.proxy_stub import agent_env
+from tests.test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
@@ -39,12 +39,28 @@ def run_openhands(binary: Path, home: Path, project: Path, proxy_url: str, promp
     """One headless session. OpenHands clones its public skills from GitHub at start (it fails here,
     offline, and goes on) and litellm fetches its price list (LITELLM_LOCAL_MODEL_COST_MAP: not)."""
     home.mkdir(parents=True, exist_ok=True)
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb", "TZ": "UTC", "LANG": "C.UTF-8",
-           "LLM_MODEL": "openai/local-model", "LLM_BASE_URL": f"{proxy_url}/v1", "LLM_API_KEY": "dummy",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1"}
-    proc = subprocess.run([str(binary), "--headless", "--override-with-envs", "-t", prompt], cwd=project,
-                          env=agent_env(env), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=300, check=False)
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "TERM": "dumb",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "LLM_MODEL": "openai/local-model",
+        "LLM_BASE_URL": f"{proxy_url}/v1",
+        "LLM_API_KEY": "dummy",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OPENHANDS_SUPPRESS_BANNER": "1",
+    }
+    proc = subprocess.run(
+        [str(binary), "--headless", "--override-with-envs", "-t", prompt],
+        cwd=project,
+        env=agent_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, f"openhands failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -52,12 +68,17 @@ def run_openhands(binary: Path, home: Path, project: Path, proxy_url: str, promp
 def test_openhands_sessions_are_served_from_the_head(llama_server: Any, openhands_bin: Path, tmp_path: Path) -> None:
     server = llama_server("qwen35", ctx_size=32768, extra_args=SAY_OK)
     calc = "def add(a, b):\n    return a + b\n"
-    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": calc}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n",
-                                                   "AGENTS.md": "# Agents\nUse tabs.\n"})}
+    dirs = {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": calc}),
+        "B": make_project(
+            tmp_path / "projB",
+            {"README.md": "# B\n", "greet.js": "console.log('hi')\n", "AGENTS.md": "# Agents\nUse tabs.\n"},
+        ),
+    }
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        rows = proxy.four_sessions(server, dirs, lambda p: run_openhands(openhands_bin, tmp_path / "openhands-home", p,
-                                                                         proxy.url, "say ok"))
+        rows = proxy.four_sessions(
+            server, dirs, lambda p: run_openhands(openhands_bin, tmp_path / "openhands-home", p, proxy.url, "say ok")
+        )
         counters = proxy.status()["counters"]
     print("\n" + "\n".join(json.dumps(row) for row in rows))
     firsts = {row["session"]: row for row in rows if row["request"] == 1}

@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache.llama_process import free_port
-
-from .harness_bins import Bin
-from .helpers import install_harness, uninstall_harness
-from .proxy_stub import agent_env
-from .test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
+from oc_prefix_cache.llama.server_process import free_port
+from tests.harness_bins import Bin
+from tests.helpers import install_harness, uninstall_harness
+from tests.proxy_stub import agent_env
+from tests.test_e2e_claude_code import SAY_OK, ProxyProcess, make_project
 
 pytestmark = pytest.mark.rig
 
@@ -42,24 +41,47 @@ def qwen_bin() -> Path:
 
 def run_qwen(binary: Path, home: Path, project: Path, prompt: str) -> subprocess.CompletedProcess[str]:
     """One session: where it sends its requests comes from the installed settings.json alone."""
-    env = {"HOME": str(home), "PATH": f"{Path(binary).resolve().parent}:/usr/local/bin:/usr/bin:/bin", "TERM": "dumb",
-           "TZ": "UTC", "LANG": "C.UTF-8", "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1"}
-    return subprocess.run([str(binary), "-p", prompt], cwd=project, env=agent_env(env), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        "HOME": str(home),
+        "PATH": f"{Path(binary).resolve().parent}:/usr/local/bin:/usr/bin:/bin",
+        "TERM": "dumb",
+        "TZ": "UTC",
+        "LANG": "C.UTF-8",
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1",
+    }
+    return subprocess.run(
+        [str(binary), "-p", prompt],
+        cwd=project,
+        env=agent_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
-def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(llama_server: Any, qwen_bin: Path,
-                                                                          tmp_path: Path) -> None:
+def test_qwen_code_sessions_are_served_from_the_head_and_the_project_head(
+    llama_server: Any, qwen_bin: Path, tmp_path: Path
+) -> None:
     server = llama_server("qwen35", ctx_size=32768, extra_args=SAY_OK)
-    dirs = {"A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
-            "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})}
+    dirs = {
+        "A": make_project(tmp_path / "projA", {"README.md": "# A\n", "calc.py": "def add(a, b):\n    return a + b\n"}),
+        "B": make_project(tmp_path / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"}),
+    }
     home = tmp_path / "qwen-home"
     home.mkdir()
     settings = home / ".qwen" / "settings.json"
     with ProxyProcess(server.url, tmp_path / "proxy.log") as proxy:
-        install_harness("qwen-code", proxy_url=proxy.url, server_url=server.url, env={"HOME": str(home)},
-                        args=("--model", "local-model"))
+        install_harness(
+            "qwen-code",
+            proxy_url=proxy.url,
+            server_url=server.url,
+            env={"HOME": str(home)},
+            args=("--model", "local-model"),
+        )
         installed = settings.read_bytes()
+
         def run(project: Path) -> Any:
             done = run_qwen(qwen_bin, home, project, "say ok")
             # SAY_OK: an empty reply would be retried 4 times with 2+4+6+8 s of backoff, then exit 1

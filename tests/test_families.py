@@ -16,15 +16,14 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache import server_view as server_view_module
-from oc_prefix_cache.doctor import run_checks
-from oc_prefix_cache.server_info import model_family
+from oc_prefix_cache.commands.doctor import run_checks
+from oc_prefix_cache.engine import observer as server_view_module
+from oc_prefix_cache.llama.server_info import model_family
 from oc_prefix_cache.settings import Settings
-
-from . import workload
-from .helpers import FULL, PROJ_A, PROJ_B, capture, chat
-from .test_parking import FLAGS, Turns
-from .test_prepare import Rig
+from tests import workload
+from tests.helpers import FULL, PROJ_A, PROJ_B, capture, chat
+from tests.test_parking import FLAGS, Turns
+from tests.test_prepare import Rig
 
 pytestmark = pytest.mark.rig
 FAMILIES = pytest.mark.parametrize("model", ["qwen35", "qwen3", "gemma3"])
@@ -63,7 +62,10 @@ def served(timings: Any, result: Any) -> bool:
 
 def test_the_rigs_models_are_one_of_each_family(models, family_args) -> None:
     assert {name: model_family(str(models[name])).value for name in ("qwen35", "qwen3", "gemma3")} == {
-        "qwen35": "hybrid", "qwen3": "transformer", "gemma3": "swa"}
+        "qwen35": "hybrid",
+        "qwen3": "transformer",
+        "gemma3": "swa",
+    }
     assert family_args("gemma3") == ("--swa-full",)
     assert family_args("qwen35") == family_args("qwen3") == ()
 
@@ -139,6 +141,7 @@ def test_a_damaged_head_file_fails_its_gate_and_is_rebuilt(family, model: str) -
 
 # -- a sliding-window model on a server without --swa-full -------------------------------------
 
+
 def test_on_an_swa_server_without_swa_full_ocpc_stands_down_at_once(family) -> None:
     """The flags are visible (the server's command line): ocpc knows, says so, and touches
     nothing: no warm, no save, no slot action; the requests are the server's alone."""
@@ -156,8 +159,7 @@ def test_on_an_swa_server_without_swa_full_ocpc_stands_down_at_once(family) -> N
     rig.client.close()
 
 
-def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_asks_again(
-        family, monkeypatch) -> None:
+def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_asks_again(family, monkeypatch) -> None:
     """A server whose command line ocpc cannot read: the first restore's probe fails (a
     rebuild: it might be the file), the second on the same server process is the server:
     ocpc stands down. A restart is a new process, judged afresh."""
@@ -166,8 +168,9 @@ def test_where_the_flags_cannot_be_seen_ocpc_learns_to_stand_down_and_a_restart_
     sessions = iter(f"ses_{i}" for i in range(10))
     answers = []
     for _ in range(4):
-        result, _ = t.turn(sized(workload.other_project(next(sessions)) if answers else workload.parent(next(sessions)),
-                                 "gemma3"))
+        result, _ = t.turn(
+            sized(workload.other_project(next(sessions)) if answers else workload.parent(next(sessions)), "gemma3")
+        )
         answers.append(result)
         t.turn(sized(workload.explore_subagent(next(sessions)), "gemma3"))  # another head takes the slot in between
         if result.action == "skipped":
@@ -206,8 +209,8 @@ def test_a_server_that_dies_on_start_says_which_signal_and_what_to_try(rig, mode
     import re
 
     from oc_prefix_cache.errors import ProcessError
-    from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-    from oc_prefix_cache.process import REPACK_CRASH_SIGNALS
+    from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+    from oc_prefix_cache.llama.supervisor import REPACK_CRASH_SIGNALS
 
     config = ServerConfig(binary=rig.server, model=models["gemma3"], port=free_port(), slot_dir=None, ctx_size=4096)
     server = LlamaServer(config=config, log_path=tmp_path / "server.log")

@@ -17,13 +17,12 @@ import httpx
 import pytest
 import respx
 
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.engine.prepare import Preparer
 from oc_prefix_cache.errors import ServerTimeout, ServerUnreachable
-from oc_prefix_cache.prepare import Preparer
+from oc_prefix_cache.llama.client import SlotClient, Timeouts
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient, Timeouts
-from oc_prefix_cache.store import Store
-
-from .helpers import PROJ_A, UA, capture_bytes
+from tests.helpers import PROJ_A, UA, capture_bytes
 
 FAST = Timeouts(connect=0.5, quick=0.5, probe=1.0, prefill=60.0, slot_io=1.0)
 
@@ -33,13 +32,15 @@ def make_preparer(url: str, timeouts: Timeouts = FAST) -> Preparer:
     (the client's own fast GET /slots path is tested on real sockets below)."""
     settings = Settings.from_env({**os.environ, "OC_PREFIX_CACHE_BASE_URL": url})
     client = SlotClient(url, timeouts=timeouts, transport=httpx.HTTPTransport())
-    return Preparer(settings=settings, client=client,
-                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+    return Preparer(
+        settings=settings, client=client, store=Store(index_path=settings.index_path, lock_path=settings.lock_path)
+    )
 
 
 def prepare(preparer: Preparer, raw: bytes | None = None):
-    return preparer.prepare(raw if raw is not None else capture_bytes(PROJ_A),
-                            {"User-Agent": UA, "x-session-id": "ses_f"})
+    return preparer.prepare(
+        raw if raw is not None else capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": "ses_f"}
+    )
 
 
 @pytest.fixture
@@ -170,15 +171,20 @@ def test_the_fast_slots_call_survives_a_server_restart(llama_server) -> None:
     client.close()
 
 
-PROPS = {"model_path": "", "total_slots": 1, "chat_template": "t", "build_info": "b1",
-         "default_generation_settings": {"n_ctx": 4096}}
+PROPS = {
+    "model_path": "",
+    "total_slots": 1,
+    "chat_template": "t",
+    "build_info": "b1",
+    "default_generation_settings": {"n_ctx": 4096},
+}
 
 
 def test_a_server_without_lora_flags_is_not_asked_for_its_adapters() -> None:
     """`GET /lora-adapters` is a task on the server's queue: under load it took over 5 s and
     prepares failed open on it (issue 17's first ramp). A server started without `--lora` has
     no adapter to activate, so it is not asked; one with `--lora` is."""
-    from oc_prefix_cache.server_info import gather_identity
+    from oc_prefix_cache.llama.server_info import gather_identity
 
     with respx.mock(base_url="http://127.0.0.1:9", assert_all_called=False) as mock:
         mock.get("/props").respond(json=PROPS)
@@ -193,7 +199,7 @@ def test_a_server_without_lora_flags_is_not_asked_for_its_adapters() -> None:
 
 
 def test_a_lora_read_that_times_out_uses_the_last_answer_of_that_server_process() -> None:
-    from oc_prefix_cache.server_info import LoraMemo
+    from oc_prefix_cache.llama.server_info import LoraMemo
 
     memo = LoraMemo()
     with respx.mock(base_url="http://127.0.0.1:9") as mock:

@@ -19,22 +19,20 @@ from typing import Any
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.fingerprint import (
-    KV_FLAGS,
-    FingerprintInputs,
-    adapter_settings,
-    fingerprint,
-    kv_settings,
-)
-from oc_prefix_cache.head import Head, extract_head, parse_body, request_sets_adapters
-from oc_prefix_cache.rig import Rig
-from oc_prefix_cache.server_info import flag_value, gather_identity, identity_from_props, server_argv
-from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.chat.head import Head, extract_head, parse_body, request_sets_adapters
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.fingerprint import KV_FLAGS, FingerprintInputs, adapter_settings, fingerprint, kv_settings
+from oc_prefix_cache.llama.server_info import flag_value, gather_identity, identity_from_props, server_argv
+from oc_prefix_cache.rig.build import Rig
+from tests.helpers import PROJ_A, SUITE_WAIT_S, capture_bytes
 
-from .helpers import PROJ_A, SUITE_WAIT_S, capture_bytes
-
-PROPS: dict[str, Any] = {"model_path": "/m/model.gguf", "build_info": "b0-unknown", "chat_template": "t",
-                         "total_slots": 1, "default_generation_settings": {"n_ctx": 16384}}
+PROPS: dict[str, Any] = {
+    "model_path": "/m/model.gguf",
+    "build_info": "b0-unknown",
+    "chat_template": "t",
+    "total_slots": 1,
+    "default_generation_settings": {"n_ctx": 16384},
+}
 BASE = ["llama-server", "-m", "/m/model.gguf", "--port", "8080", "-c", "16384"]
 
 
@@ -48,16 +46,39 @@ def fp_of(argv: list[str] | None, *, lora: tuple[str, ...] = ()) -> str:
     from dataclasses import replace
 
     server = replace(identity_from_props(PROPS, binary=None, argv=argv), lora=lora)
-    return fingerprint(FingerprintInputs(server=server, harness="opencode/1.18.33", ocpc_version="0.1.0",
-                                         head=head(), rendered_head="<rendered>"))
+    return fingerprint(
+        FingerprintInputs(
+            server=server, harness="opencode/1.18.33", ocpc_version="0.1.0", head=head(), rendered_head="<rendered>"
+        )
+    )
 
 
 # -- the allow-list ------------------------------------------------------------------------
 
+
 def test_flags_outside_the_allow_list_leave_the_fingerprint_alone() -> None:
     plain = fp_of(BASE)
-    moved = BASE[:3] + ["--port", "9000", "-t", "2", "--host", "0.0.0.0", "-np", "4", "--metrics",
-                        "-lv", "4", "--log-file", "/tmp/x.log", "-ngl", "99", "--cache-ram", "0", "-c", "16384"]
+    moved = BASE[:3] + [
+        "--port",
+        "9000",
+        "-t",
+        "2",
+        "--host",
+        "0.0.0.0",
+        "-np",
+        "4",
+        "--metrics",
+        "-lv",
+        "4",
+        "--log-file",
+        "/tmp/x.log",
+        "-ngl",
+        "99",
+        "--cache-ram",
+        "0",
+        "-c",
+        "16384",
+    ]
     assert fp_of(moved) == plain
 
 
@@ -65,8 +86,15 @@ def test_a_listed_flag_moves_the_fingerprint() -> None:
     assert fp_of(BASE + ["--rope-freq-base", "500000"]) != fp_of(BASE)
 
 
-SAMPLES = {"switch": [], "number": ["2.5"], "choice": ["on"], "text": ["q8_0"], "pair": ["1", "2"],
-           "files": ["/nonexistent/a.gguf"], "scaled_files": ["/nonexistent/a.gguf:0.5"]}
+SAMPLES = {
+    "switch": [],
+    "number": ["2.5"],
+    "choice": ["on"],
+    "text": ["q8_0"],
+    "pair": ["1", "2"],
+    "files": ["/nonexistent/a.gguf"],
+    "scaled_files": ["/nonexistent/a.gguf:0.5"],
+}
 
 
 @pytest.mark.parametrize("flag", KV_FLAGS, ids=lambda f: f.canonical)
@@ -81,8 +109,9 @@ def test_every_listed_flag_moves_the_fingerprint_in_every_spelling(flag) -> None
 
 
 def test_spellings_and_defaults_normalise() -> None:
-    assert kv_settings(["s", "-ctk", "q8_0", "-fa", "true", "--rope-freq-base", "1e4"]) == \
-        kv_settings(["s", "--cache-type-k=q8_0", "--flash-attn", "on", "--rope_freq_base", "10000"])
+    assert kv_settings(["s", "-ctk", "q8_0", "-fa", "true", "--rope-freq-base", "1e4"]) == kv_settings(
+        ["s", "--cache-type-k=q8_0", "--flash-attn", "on", "--rope_freq_base", "10000"]
+    )
     assert kv_settings(["s", "-ctk", "f16", "-fa", "auto"]) == ()  # the build's defaults, given explicitly
     assert kv_settings(["s", "-ctk", "q8_0", "-ctk", "q4_0"]) == ("--cache-type-k=q4_0",)  # the last one wins
     assert kv_settings(["s", "--yarn-ext-factor", "-1"]) == ("--yarn-ext-factor=-1.0",)  # a negative value
@@ -112,6 +141,7 @@ def test_flag_value_takes_the_last_occurrence_like_the_server() -> None:
 
 # -- adapters changed at runtime or per request --------------------------------------------
 
+
 def test_only_active_adapters_count_and_their_scale_matters() -> None:
     at = [{"id": 0, "path": "/nonexistent/a.gguf", "scale": 1.0}, {"id": 1, "path": "/x/b.gguf", "scale": 0.0}]
     assert len(adapter_settings(at)) == 1
@@ -128,14 +158,18 @@ def test_request_sets_adapters() -> None:
 
 # -- settings that reach the server outside its argv ---------------------------------------
 
+
 @pytest.fixture
 def fake_server(tmp_path: Path) -> Iterator:
     """A stand-in process with a chosen environment and working directory (stopped by PID)."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(env: dict[str, str]) -> int:
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path,
-                                env={"PATH": os.environ.get("PATH", ""), **env})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            cwd=tmp_path,
+            env={"PATH": os.environ.get("PATH", ""), **env},
+        )
         started.append(proc)
         deadline = time.monotonic() + SUITE_WAIT_S
         while not Path(f"/proc/{proc.pid}/environ").read_bytes() and time.monotonic() < deadline:
@@ -152,8 +186,14 @@ def test_llama_arg_variables_and_config_ini_join_and_argv_wins(fake_server, tmp_
     config = tmp_path / "xdg" / "llama.cpp" / "config.ini"
     config.parent.mkdir(parents=True)
     config.write_text("[*]\nyarn-orig-ctx = 4096\nport = 1234\n[other-model]\nrope-freq-base = 1\n")
-    pid = fake_server({"LLAMA_ARG_ROPE_FREQ_BASE": "500000", "LLAMA_ARG_CACHE_TYPE_K": "q8_0",
-                       "LLAMA_ARG_THREADS": "3", "XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    pid = fake_server(
+        {
+            "LLAMA_ARG_ROPE_FREQ_BASE": "500000",
+            "LLAMA_ARG_CACHE_TYPE_K": "q8_0",
+            "LLAMA_ARG_THREADS": "3",
+            "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+        }
+    )
     argv = server_argv("http://127.0.0.1:8080", runtime={"argv": [*BASE, "-ctk", "q4_0"], "pid": pid})
     assert argv is not None
     assert kv_settings(argv) == ("--cache-type-k=q4_0", "--rope-freq-base=500000.0", "--yarn-orig-ctx=4096.0")
@@ -215,8 +255,15 @@ def test_changing_an_adapters_scale_at_runtime_moves_the_fingerprint(llama_serve
         with SlotClient(server.url) as client:
             identity = gather_identity(client, binary=None, argv=argv)
         assert identity.kv_flags and identity.kv_flags[0].startswith(f"--lora={adapter}|")
-        return fingerprint(FingerprintInputs(server=identity, harness="opencode/1.18.33", ocpc_version="0.1.0",
-                                             head=head(), rendered_head="<rendered>"))
+        return fingerprint(
+            FingerprintInputs(
+                server=identity,
+                harness="opencode/1.18.33",
+                ocpc_version="0.1.0",
+                head=head(),
+                rendered_head="<rendered>",
+            )
+        )
 
     full = current()
     loopback.post(f"{server.url}/lora-adapters", json=[{"id": 0, "scale": 0.5}], timeout=5).raise_for_status()

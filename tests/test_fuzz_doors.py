@@ -34,8 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oc_prefix_cache import loopback
-
-from .helpers import SUITE_WAIT_S, UA
+from tests.helpers import SUITE_WAIT_S, UA
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,11 +48,13 @@ DATA = Path(__file__).parent / "data"
 EXAMPLES = int(os.environ.get("OCPC_FUZZ_EXAMPLES", "25"))
 END_AT_ONCE = ("--logit-bias", "151645+30", "-n", "4")
 #: (capture, the path it was sent to): one per API and a few harnesses
-CAPTURES = [("opencode-1.18.33/02_projA_turn1_main_request.json", "/v1/chat/completions"),
-            ("pi-0.73.1/A2-continue.json", "/v1/chat/completions"),
-            ("aider-0.86.2/T-turn2.json", "/v1/chat/completions"),
-            ("claude-code-2.1.332/A2-continue.json", "/v1/messages"),
-            ("codex-0.171.0/A1.json", "/v1/responses")]
+CAPTURES = [
+    ("opencode-1.18.33/02_projA_turn1_main_request.json", "/v1/chat/completions"),
+    ("pi-0.73.1/A2-continue.json", "/v1/chat/completions"),
+    ("aider-0.86.2/T-turn2.json", "/v1/chat/completions"),
+    ("claude-code-2.1.332/A2-continue.json", "/v1/messages"),
+    ("codex-0.171.0/A1.json", "/v1/responses"),
+]
 
 
 def body_of(relative: str) -> dict[str, Any]:
@@ -109,8 +110,26 @@ def mutated(draw: st.DrawFn) -> tuple[str, bytes]:
     body: Any = body_of(relative)
     raw_edits: list[str] = []
     nests: list[int] = []
-    kinds = draw(st.lists(st.sampled_from(["surrogate", "wrong_type", "delete", "nest", "huge", "empty_messages",
-                                           "slot", "invalid_utf8", "cut", "stream"]), min_size=0, max_size=3))
+    kinds = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "surrogate",
+                    "wrong_type",
+                    "delete",
+                    "nest",
+                    "huge",
+                    "empty_messages",
+                    "slot",
+                    "invalid_utf8",
+                    "cut",
+                    "stream",
+                ]
+            ),
+            min_size=0,
+            max_size=3,
+        )
+    )
     # the two that make a body parse and then fail to be written again are each drawn on their own too
     kinds += [kind for kind in ("slot", "surrogate") if draw(st.integers(0, 9)) < 4]
     for kind in kinds:
@@ -151,13 +170,19 @@ def mutated(draw: st.DrawFn) -> tuple[str, bytes]:
 @pytest.fixture(scope="module")
 def doors(tmp_path_factory: pytest.TempPathFactory, rig: Any, models: dict[str, Path]) -> Any:
     """A real llama-server with two slots and both of `ocpc launch`'s doors on one Preparer."""
-    from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-
-    from .helpers import TEST_SERVER_ARGS
+    from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+    from tests.helpers import TEST_SERVER_ARGS
 
     tmp = tmp_path_factory.mktemp("fuzz")
-    config = ServerConfig(binary=rig.server, model=models["qwen3"], port=free_port(), slot_dir=tmp / "ocpc" / "slots",
-                          ctx_size=2 * 32768, parallel=2, extra_args=(*TEST_SERVER_ARGS, *END_AT_ONCE))
+    config = ServerConfig(
+        binary=rig.server,
+        model=models["qwen3"],
+        port=free_port(),
+        slot_dir=tmp / "ocpc" / "slots",
+        ctx_size=2 * 32768,
+        parallel=2,
+        extra_args=(*TEST_SERVER_ARGS, *END_AT_ONCE),
+    )
     server = LlamaServer(config=config, log_path=tmp / "llama-server.log")
     server.start()
     try:
@@ -166,8 +191,11 @@ def doors(tmp_path_factory: pytest.TempPathFactory, rig: Any, models: dict[str, 
             counters = launched.snapshot()
             print("\nfuzzed doors' counters: " + json.dumps(dict(sorted(counters.items()))))
             # the mutations must reach a slot, or the test proves nothing of what it is for
-            assert counters.get("proxy:prepare:failed", 0) + sum(
-                v for k, v in counters.items() if k.startswith("proxy:prepare:")) > 0, counters
+            assert (
+                counters.get("proxy:prepare:failed", 0)
+                + sum(v for k, v in counters.items() if k.startswith("proxy:prepare:"))
+                > 0
+            ), counters
     finally:
         server.stop()
 
@@ -189,7 +217,9 @@ def nothing_held(launched: Any, within: float = SUITE_WAIT_S) -> None:
         state = (sorted(broker.table.busy()), broker.leases(), locked())
         if state == ([], 0, []):
             return
-        assert time.monotonic() < deadline, f"held after the request: busy {state[0]}, leases {state[1]}, locks {state[2]}"
+        assert time.monotonic() < deadline, (
+            f"held after the request: busy {state[0]}, leases {state[1]}, locks {state[2]}"
+        )
         time.sleep(0.05)
 
 
@@ -200,30 +230,41 @@ def answered(response: httpx.Response) -> None:
         assert response.content, "an error with no body"
 
 
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                       HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @FUZZ
 @given(request=mutated())
-def test_the_proxy_answers_every_mutated_capture_and_holds_nothing_after(doors: Any,
-                                                                        request: tuple[str, bytes]) -> None:
+def test_the_proxy_answers_every_mutated_capture_and_holds_nothing_after(
+    doors: Any, request: tuple[str, bytes]
+) -> None:
     path, raw = request
     with loopback.client(timeout=httpx.Timeout(300, connect=10)) as client:
-        response = client.post(doors.doors.proxy + path, content=raw,
-                               headers={"content-type": "application/json", "user-agent": UA})
+        response = client.post(
+            doors.doors.proxy + path, content=raw, headers={"content-type": "application/json", "user-agent": UA}
+        )
     answered(response)
     nothing_held(doors)
 
 
 @FUZZ
 @given(request=mutated(), session=st.sampled_from(["ses-a", "ses-b", ""]))
-def test_the_daemon_answers_every_mutated_capture_and_holds_nothing_after(doors: Any, request: tuple[str, bytes],
-                                                                         session: str) -> None:
+def test_the_daemon_answers_every_mutated_capture_and_holds_nothing_after(
+    doors: Any, request: tuple[str, bytes], session: str
+) -> None:
     _, raw = request
-    headers = {"content-type": "application/json", "user-agent": UA, "x-ocpc-pin": "1",
-               "x-ocpc-budget-ms": "60000", **({"x-session-id": session} if session else {})}
+    headers = {
+        "content-type": "application/json",
+        "user-agent": UA,
+        "x-ocpc-pin": "1",
+        "x-ocpc-budget-ms": "60000",
+        **({"x-session-id": session} if session else {}),
+    }
     with loopback.client(timeout=httpx.Timeout(300, connect=10)) as client:
         response = client.post(doors.doors.daemon + "/v1/prepare", content=raw, headers=headers)
         answered(response)
@@ -231,8 +272,15 @@ def test_the_daemon_answers_every_mutated_capture_and_holds_nothing_after(doors:
             answer = response.json()
             assert answer["action"] in ("hit", "restored", "warmed", "skipped", "failed"), answer
             if answer.get("prepare_id") and answer.get("fingerprint"):  # the plugin reports on it
-                report = client.post(doors.doors.daemon + "/v1/report", headers={"content-type": "application/json"},
-                                     json={"fingerprint": answer["fingerprint"], "cache_n": 0, "prompt_n": 1,
-                                           "prepare_id": answer["prepare_id"]})
+                report = client.post(
+                    doors.doors.daemon + "/v1/report",
+                    headers={"content-type": "application/json"},
+                    json={
+                        "fingerprint": answer["fingerprint"],
+                        "cache_n": 0,
+                        "prompt_n": 1,
+                        "prepare_id": answer["prepare_id"],
+                    },
+                )
                 assert report.status_code == 200, report.text
     nothing_held(doors)

@@ -15,7 +15,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from oc_prefix_cache.gc import (
+from oc_prefix_cache.disk.gc import (
     DAY,
     HOUR,
     STALE_CURRENT_S,
@@ -27,25 +27,47 @@ from oc_prefix_cache.gc import (
     plan_gc,
     run_gc,
 )
+from oc_prefix_cache.disk.index import INDEX_VERSION, Entry, Index, Store
+from oc_prefix_cache.disk.slotfile import fingerprint_of
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slotfile import fingerprint_of
-from oc_prefix_cache.store import INDEX_VERSION, Entry, Index, Store
 
 NOW = 1_700_000_000.0
 SLOT0 = "http://127.0.0.1:8080#slot0"
 A, B, C, D, E = (f"{c}" * 16 for c in "abcde")
 PREFIX = {"head": "oc-prefix", "proj": "oc-proj", "conv": "oc-conv"}
 TAG = "0123abcd"
-NEAR_MISSES = ("oc-prefix-ABCDEF0123456789.bin", f"oc-prefix-{A}.bin.part", f"oc-prefix-{A[:15]}.bin",
-               f"xoc-prefix-{A}.bin", "other.bin", "index.json", "index.lock", ".index-x.tmp",
-               f"oc-prefix-{A}.bin\n", f"oc-prefix-{A}.bin ", f"oc-prefix-{'٣' * 16}.bin",
-               # the other kinds' near misses: wrong case, lengths, tags, digits
-               f"oc-conv-{A[:15]}.bin", f"oc-proj-{A.upper()}.bin", f"oc-conv-{A}.bin.1234567.part",
-               f"oc-conv-{A}.bin.ABCDEF01.part", f"oc-conv-{A}.bin.{TAG}.part.1", f"other-{A}.bin.{TAG}.part",
-               f"oc-proj-{A}.bin.{TAG}", f"x.bin.{TAG}.part", "ocpc-doctor-.bin", "ocpc-doctor-12.bin.part",
-               "ocpc-doctor-٣.bin", "ocpc-doctor-12a.bin", "ocpc-doctor-12.bin\n", "oc-conv.bin",
-               "ocpc-selftest-12.bin", f"ocpc-selftest-12-{TAG}x.bin",
-               "ocpc-selftest--00000000.bin", f"ocpc-doctor-12-{TAG}.bin")
+NEAR_MISSES = (
+    "oc-prefix-ABCDEF0123456789.bin",
+    f"oc-prefix-{A}.bin.part",
+    f"oc-prefix-{A[:15]}.bin",
+    f"xoc-prefix-{A}.bin",
+    "other.bin",
+    "index.json",
+    "index.lock",
+    ".index-x.tmp",
+    f"oc-prefix-{A}.bin\n",
+    f"oc-prefix-{A}.bin ",
+    f"oc-prefix-{'٣' * 16}.bin",
+    # the other kinds' near misses: wrong case, lengths, tags, digits
+    f"oc-conv-{A[:15]}.bin",
+    f"oc-proj-{A.upper()}.bin",
+    f"oc-conv-{A}.bin.1234567.part",
+    f"oc-conv-{A}.bin.ABCDEF01.part",
+    f"oc-conv-{A}.bin.{TAG}.part.1",
+    f"other-{A}.bin.{TAG}.part",
+    f"oc-proj-{A}.bin.{TAG}",
+    f"x.bin.{TAG}.part",
+    "ocpc-doctor-.bin",
+    "ocpc-doctor-12.bin.part",
+    "ocpc-doctor-٣.bin",
+    "ocpc-doctor-12a.bin",
+    "ocpc-doctor-12.bin\n",
+    "oc-conv.bin",
+    "ocpc-selftest-12.bin",
+    f"ocpc-selftest-12-{TAG}x.bin",
+    "ocpc-selftest--00000000.bin",
+    f"ocpc-doctor-12-{TAG}.bin",
+)
 
 
 def is_hex(text: str, length: int) -> bool:
@@ -55,19 +77,26 @@ def is_hex(text: str, length: int) -> bool:
 def kind_by_hand(filename: str) -> str | None:
     """An oracle independent of the code's regexes: which kind of ocpc file, or None."""
     for kind, prefix in PREFIX.items():
-        if filename.startswith(prefix + "-") and filename.endswith(".bin") \
-                and is_hex(filename[len(prefix) + 1:-len(".bin")], 16):
+        if (
+            filename.startswith(prefix + "-")
+            and filename.endswith(".bin")
+            and is_hex(filename[len(prefix) + 1 : -len(".bin")], 16)
+        ):
             return kind
     if filename.endswith(".part"):
-        final, dot, tag = filename[:-len(".part")].rpartition(".")
+        final, dot, tag = filename[: -len(".part")].rpartition(".")
         if dot and is_hex(tag, 8) and kind_by_hand(final) in PREFIX:
             return "part"
-    digits = filename[len("ocpc-doctor-"):-len(".bin")]
-    if filename.startswith("ocpc-doctor-") and filename.endswith(".bin") and digits \
-            and all(c in "0123456789" for c in digits):
+    digits = filename[len("ocpc-doctor-") : -len(".bin")]
+    if (
+        filename.startswith("ocpc-doctor-")
+        and filename.endswith(".bin")
+        and digits
+        and all(c in "0123456789" for c in digits)
+    ):
         return "doctor"
     if filename.startswith("ocpc-selftest-") and filename.endswith(".bin"):  # the self-test's: pid, maybe a tag
-        pid, dash, tag = filename[len("ocpc-selftest-"):-len(".bin")].partition("-")
+        pid, dash, tag = filename[len("ocpc-selftest-") : -len(".bin")].partition("-")
         if pid and all(c in "0123456789" for c in pid) and dash and is_hex(tag, 8):
             return "doctor"
     return None
@@ -87,21 +116,50 @@ def disk(fp_or_name: str, *, days_old: float = 0, size: int = 100, regular: bool
 
 
 def entry(fp: str, *, days_ago: float, kind: str = "head", expires: int = 0) -> Entry:
-    return Entry(file=name(fp, kind), bytes=100, prefix_tokens=10, created=0, last_used=int(NOW - days_ago * DAY),
-                 model="m.gguf", server_build="b1", harness="opencode", kind=kind, expires=expires)
+    return Entry(
+        file=name(fp, kind),
+        bytes=100,
+        prefix_tokens=10,
+        created=0,
+        last_used=int(NOW - days_ago * DAY),
+        model="m.gguf",
+        server_build="b1",
+        harness="opencode",
+        kind=kind,
+        expires=expires,
+    )
 
 
 def index_of(used: dict[str, float], current: dict[str, str] | None = None) -> Index:
     return Index(entries={fp: entry(fp, days_ago=d) for fp, d in used.items()}, current=current or {})
 
 
-def plan(files: list[DiskFile], index: Index | None, *, ttl: float = 30, keep: int = 0,
-         cap: int | None = None, error: str | None = None, park_ttl: float = 48,
-         park_cap: int | None = None, live: frozenset[int] = frozenset(),
-         listing_error: str | None = None) -> GcPlan:
-    return plan_gc(files=files, index=index, index_error=error, listing_error=listing_error, now=NOW,
-                   ttl_days=ttl, keep_recent=keep, max_bytes=cap, park_ttl_hours=park_ttl,
-                   park_max_bytes=park_cap, live_pids=live)
+def plan(
+    files: list[DiskFile],
+    index: Index | None,
+    *,
+    ttl: float = 30,
+    keep: int = 0,
+    cap: int | None = None,
+    error: str | None = None,
+    park_ttl: float = 48,
+    park_cap: int | None = None,
+    live: frozenset[int] = frozenset(),
+    listing_error: str | None = None,
+) -> GcPlan:
+    return plan_gc(
+        files=files,
+        index=index,
+        index_error=error,
+        listing_error=listing_error,
+        now=NOW,
+        ttl_days=ttl,
+        keep_recent=keep,
+        max_bytes=cap,
+        park_ttl_hours=park_ttl,
+        park_max_bytes=park_cap,
+        live_pids=live,
+    )
 
 
 def actions(p: GcPlan) -> dict[str, str]:
@@ -113,6 +171,7 @@ def by_name(p: GcPlan) -> dict[str, tuple[str, str]]:
 
 
 # --- one test per rule ---------------------------------------------------------------
+
 
 def test_only_pattern_files_are_considered_and_others_are_ignored() -> None:
     files = [disk(n, days_old=400) for n in NEAR_MISSES] + [disk(A, days_old=400)]
@@ -191,8 +250,9 @@ def test_the_cap_counts_orphans_by_mtime() -> None:
 def test_a_corrupt_index_turns_cleanup_off() -> None:
     p = plan([disk(A, days_old=400), disk("other.bin")], None, error="index.json is not valid JSON")
     assert p.to_delete == () and p.decisions[0].rule == "disabled"
-    assert p.disabled == ("index.json is unreadable (index.json is not valid JSON): "
-                          "cleanup is off until it is fixed or moved away")
+    assert p.disabled == (
+        "index.json is unreadable (index.json is not valid JSON): cleanup is off until it is fixed or moved away"
+    )
 
 
 def test_an_index_error_wins_even_if_an_index_is_passed() -> None:
@@ -219,6 +279,7 @@ def test_a_symlink_named_like_ours_is_ignored_and_its_entry_is_not_missing() -> 
 
 # --- project heads, parked conversations, temp files, doctor probes ------------------
 
+
 def proj(fp: str, *, days_ago: float = 0, expires_in_h: float | None = 12) -> Entry:
     expires = 0 if expires_in_h is None else int(NOW + expires_in_h * HOUR)
     return entry(fp, days_ago=days_ago, kind="proj", expires=expires)
@@ -230,12 +291,17 @@ def conv(fp: str, *, hours_ago: float) -> Entry:
 
 def test_a_project_head_lives_until_its_entry_expires() -> None:
     files = [disk(name(fp, "proj")) for fp in (A, B, C)]
-    idx = Index(entries={A: proj(A, expires_in_h=3), B: proj(B, expires_in_h=-2), C: proj(C, expires_in_h=-40)},
-                current={SLOT0: C})
+    idx = Index(
+        entries={A: proj(A, expires_in_h=3), B: proj(B, expires_in_h=-2), C: proj(C, expires_in_h=-40)},
+        current={SLOT0: C},
+    )
     p = plan(files, idx, ttl=365, keep=5)
     assert {d.kind for d in p.decisions} == {"proj"}
-    assert by_name(p) == {name(A, "proj"): ("keep", "ttl"), name(B, "proj"): ("delete", "expired"),
-                          name(C, "proj"): ("keep", "current")}
+    assert by_name(p) == {
+        name(A, "proj"): ("keep", "ttl"),
+        name(B, "proj"): ("delete", "expired"),
+        name(C, "proj"): ("keep", "current"),
+    }
     assert [d.reason for d in p.to_delete] == ["expired 2 h ago"]
 
 
@@ -253,21 +319,30 @@ def test_an_orphan_project_head_goes_after_a_day() -> None:
 
 def test_project_heads_share_the_cap_with_heads_least_recently_used_first() -> None:
     files = [disk(A, size=100), disk(name(B, "proj"), size=100), disk(C, size=100), disk(name(D, "conv"), size=500)]
-    idx = Index(entries={A: entry(A, days_ago=1), B: proj(B, days_ago=3), C: entry(C, days_ago=2),
-                         D: conv(D, hours_ago=1)})
+    idx = Index(
+        entries={A: entry(A, days_ago=1), B: proj(B, days_ago=3), C: entry(C, days_ago=2), D: conv(D, hours_ago=1)}
+    )
     p = plan(files, idx, cap=200)  # heads + proj = 300 > 200; the parked conversation does not count
-    assert by_name(p) == {name(A): ("keep", "ttl"), name(B, "proj"): ("delete", "cap"),
-                          name(C): ("keep", "ttl"), name(D, "conv"): ("keep", "ttl")}
+    assert by_name(p) == {
+        name(A): ("keep", "ttl"),
+        name(B, "proj"): ("delete", "cap"),
+        name(C): ("keep", "ttl"),
+        name(D, "conv"): ("keep", "ttl"),
+    }
     assert p.to_delete[0].reason == "over the 200 bytes cap: oldest first"
 
 
 def test_a_parked_conversation_is_kept_within_the_park_ttl_and_deleted_after() -> None:
     files = [disk(name(fp, "conv")) for fp in (A, B, C)]
-    idx = Index(entries={A: conv(A, hours_ago=47), B: conv(B, hours_ago=49), C: conv(C, hours_ago=500)},
-                current={SLOT0: C})
+    idx = Index(
+        entries={A: conv(A, hours_ago=47), B: conv(B, hours_ago=49), C: conv(C, hours_ago=500)}, current={SLOT0: C}
+    )
     p = plan(files, idx, ttl=365, keep=5, park_ttl=48)
-    assert by_name(p) == {name(A, "conv"): ("keep", "ttl"), name(B, "conv"): ("delete", "expired"),
-                          name(C, "conv"): ("keep", "current")}
+    assert by_name(p) == {
+        name(A, "conv"): ("keep", "ttl"),
+        name(B, "conv"): ("delete", "expired"),
+        name(C, "conv"): ("keep", "current"),
+    }
     assert p.to_delete[0].reason == "parked conversation unused for 2 days (park TTL 48 hours)"
     assert p.to_delete[0].kind == "conv"
 
@@ -278,19 +353,38 @@ def test_an_orphan_parked_conversation_goes_after_the_park_ttl() -> None:
 
 
 def test_the_park_cap_trims_parked_conversations_only_oldest_first() -> None:
-    files = [disk(name(A, "conv"), size=300), disk(name(B, "conv"), size=300), disk(name(C, "conv"), size=300),
-             disk(name(E, "conv"), size=300), disk(D, size=5000)]
-    idx = Index(entries={A: conv(A, hours_ago=3), B: conv(B, hours_ago=1), C: conv(C, hours_ago=2),
-                         E: conv(E, hours_ago=4), D: entry(D, days_ago=400)}, current={SLOT0: A})
+    files = [
+        disk(name(A, "conv"), size=300),
+        disk(name(B, "conv"), size=300),
+        disk(name(C, "conv"), size=300),
+        disk(name(E, "conv"), size=300),
+        disk(D, size=5000),
+    ]
+    idx = Index(
+        entries={
+            A: conv(A, hours_ago=3),
+            B: conv(B, hours_ago=1),
+            C: conv(C, hours_ago=2),
+            E: conv(E, hours_ago=4),
+            D: entry(D, days_ago=400),
+        },
+        current={SLOT0: A},
+    )
     p = plan(files, idx, keep=1, park_cap=700)  # A is not the oldest, but current; B is the newest
-    assert by_name(p) == {name(A, "conv"): ("keep", "current"), name(B, "conv"): ("keep", "ttl"),
-                          name(C, "conv"): ("delete", "cap"), name(E, "conv"): ("delete", "cap"),
-                          name(D): ("keep", "recent")}
+    assert by_name(p) == {
+        name(A, "conv"): ("keep", "current"),
+        name(B, "conv"): ("keep", "ttl"),
+        name(C, "conv"): ("delete", "cap"),
+        name(E, "conv"): ("delete", "cap"),
+        name(D): ("keep", "recent"),
+    }
     assert {d.reason for d in p.to_delete} == {"over the 700 bytes park cap: oldest first"}
     assert p.warnings == ()
     alone = plan(files, idx, keep=1, park_cap=100)
-    assert alone.warnings == (f"the current parked conversations and the newest ({name(B, 'conv')}) alone take "
-                              "600 bytes, over the 100 bytes park cap; they are never deleted",)
+    assert alone.warnings == (
+        f"the current parked conversations and the newest ({name(B, 'conv')}) alone take "
+        "600 bytes, over the 100 bytes park cap; they are never deleted",
+    )
 
 
 def test_a_park_bigger_than_the_park_cap_is_not_deleted_right_after_it_is_written() -> None:
@@ -317,34 +411,46 @@ def test_a_temp_file_of_a_current_key_still_goes_when_stale() -> None:
 
 
 def test_a_self_test_file_left_behind_goes_like_a_doctor_probe() -> None:
-    """The self-test at first contact with a server (capability.py) deletes its file; one left by a
+    """The self-test at first contact with a server (engine/capability.py) deletes its file; one left by a
     process that died goes like doctor's probe, and one of a live process stays."""
     files = [disk(f"ocpc-selftest-11-{TAG}.bin", days_old=11 / 1440), disk(f"ocpc-selftest-12-{TAG}.bin", days_old=1)]
     p = plan(files, Index(), live=frozenset({12}))
-    assert by_name(p) == {f"ocpc-selftest-11-{TAG}.bin": ("delete", "stale"),
-                          f"ocpc-selftest-12-{TAG}.bin": ("keep", "in_progress")}
+    assert by_name(p) == {
+        f"ocpc-selftest-11-{TAG}.bin": ("delete", "stale"),
+        f"ocpc-selftest-12-{TAG}.bin": ("keep", "in_progress"),
+    }
 
 
 def test_doctor_probes_go_once_their_process_is_gone_and_ten_minutes_old() -> None:
-    files = [disk("ocpc-doctor-11.bin", days_old=11 / 1440), disk("ocpc-doctor-12.bin", days_old=9 / 1440),
-             disk("ocpc-doctor-13.bin", days_old=400)]
+    files = [
+        disk("ocpc-doctor-11.bin", days_old=11 / 1440),
+        disk("ocpc-doctor-12.bin", days_old=9 / 1440),
+        disk("ocpc-doctor-13.bin", days_old=400),
+    ]
     p = plan(files, Index(), live=frozenset({13}))
-    assert by_name(p) == {"ocpc-doctor-11.bin": ("delete", "stale"), "ocpc-doctor-12.bin": ("keep", "in_progress"),
-                          "ocpc-doctor-13.bin": ("keep", "in_progress")}
+    assert by_name(p) == {
+        "ocpc-doctor-11.bin": ("delete", "stale"),
+        "ocpc-doctor-12.bin": ("keep", "in_progress"),
+        "ocpc-doctor-13.bin": ("keep", "in_progress"),
+    }
     assert {d.kind for d in p.decisions} == {"doctor"} and {d.fingerprint for d in p.decisions} == {""}
     assert p.to_delete[0].reason == "ocpc doctor's probe left behind: process 11 is gone, 11 min old"
 
 
 def test_a_missing_or_unlistable_folder_turns_cleanup_off() -> None:
     p = plan([], index_of({A: 400, B: 1}), listing_error="the slot folder /x does not exist")
-    assert p.disabled == ("the slot folder /x does not exist: cleanup is off this run "
-                          "(nothing deleted, index.json left as it is)")
+    assert p.disabled == (
+        "the slot folder /x does not exist: cleanup is off this run (nothing deleted, index.json left as it is)"
+    )
     assert p.decisions == () and p.missing == () and p.to_delete == ()
 
 
 def test_every_kind_is_disabled_by_a_corrupt_index() -> None:
-    files = [disk(name(A, "conv"), days_old=400), disk(f"{name(A)}.{TAG}.part", days_old=400),
-             disk("ocpc-doctor-1.bin", days_old=400)]
+    files = [
+        disk(name(A, "conv"), days_old=400),
+        disk(f"{name(A)}.{TAG}.part", days_old=400),
+        disk("ocpc-doctor-1.bin", days_old=400),
+    ]
     p = plan(files, None, error="bad")
     assert p.to_delete == () and {d.rule for d in p.decisions} == {"disabled"} and len(p.decisions) == 3
 
@@ -376,14 +482,14 @@ def worlds(draw: st.DrawFn) -> World:
         kind = draw(st.sampled_from(["regular", "regular", "regular", "gone", "not regular"]))
         if kind != "gone":
             files.append(DiskFile(name(fp), draw(size), NOW - draw(age) * DAY, kind == "regular"))
-    files += [disk(n, days_old=draw(age), size=draw(size))
-              for n in draw(st.lists(st.sampled_from(NEAR_MISSES), unique=True))]
+    files += [
+        disk(n, days_old=draw(age), size=draw(size)) for n in draw(st.lists(st.sampled_from(NEAR_MISSES), unique=True))
+    ]
     entries = {fp: entry(fp, days_ago=draw(age)) for fp in fps if draw(st.booleans())}
     pool = st.sampled_from(fps) | hex16 if fps else hex16
     current = {f"http://h#slot{i}": fp for i, fp in enumerate(draw(st.lists(pool, max_size=2)))}
     cap = draw(st.none() | st.integers(0, 5000))
-    return World(files, Index(entries, current), draw(st.sampled_from([0, 0.5, 7, 30])),
-                 draw(st.integers(0, 4)), cap)
+    return World(files, Index(entries, current), draw(st.sampled_from([0, 0.5, 7, 30])), draw(st.integers(0, 4)), cap)
 
 
 @st.composite
@@ -399,8 +505,7 @@ def mixed_worlds(draw: st.DrawFn) -> World:
         kind = draw(st.sampled_from(list(PREFIX)))
         presence = draw(st.sampled_from(["regular", "regular", "regular", "gone", "not regular"]))
         if presence != "gone":
-            files[name(key, kind)] = DiskFile(name(key, kind), draw(size), NOW - draw(age) * DAY,
-                                              presence == "regular")
+            files[name(key, kind)] = DiskFile(name(key, kind), draw(size), NOW - draw(age) * DAY, presence == "regular")
         if draw(st.booleans()):
             expires = 0 if kind == "head" else draw(st.just(0) | st.integers(int(NOW - 3 * DAY), int(NOW + 3 * DAY)))
             entries[key] = entry(key, days_ago=draw(age), kind=kind, expires=expires)
@@ -417,17 +522,32 @@ def mixed_worlds(draw: st.DrawFn) -> World:
         files[n] = disk(n, days_old=draw(age), size=draw(size))
     pool = st.sampled_from(keys) | hex16 if keys else hex16
     current = {f"http://h#slot{i}": key for i, key in enumerate(draw(st.lists(pool, max_size=3)))}
-    return World(list(files.values()), Index(entries, current),
-                 ttl=draw(st.sampled_from([0, 0.5, 7, 30])), keep=draw(st.integers(0, 4)),
-                 cap=draw(st.none() | st.integers(0, 5000)), park_ttl=draw(st.sampled_from([0, 1, 48, 500])),
-                 park_cap=draw(st.none() | st.integers(0, 3000)),
-                 live=frozenset(draw(st.lists(st.sampled_from(pids), unique=True))) if pids else frozenset())
+    return World(
+        list(files.values()),
+        Index(entries, current),
+        ttl=draw(st.sampled_from([0, 0.5, 7, 30])),
+        keep=draw(st.integers(0, 4)),
+        cap=draw(st.none() | st.integers(0, 5000)),
+        park_ttl=draw(st.sampled_from([0, 1, 48, 500])),
+        park_cap=draw(st.none() | st.integers(0, 3000)),
+        live=frozenset(draw(st.lists(st.sampled_from(pids), unique=True))) if pids else frozenset(),
+    )
 
 
 def plan_of(w: World) -> GcPlan:
-    return plan_gc(files=w.files, index=w.index, index_error=None, listing_error=None, now=NOW,
-                   ttl_days=w.ttl, keep_recent=w.keep, max_bytes=w.cap, park_ttl_hours=w.park_ttl,
-                   park_max_bytes=w.park_cap, live_pids=w.live)
+    return plan_gc(
+        files=w.files,
+        index=w.index,
+        index_error=None,
+        listing_error=None,
+        now=NOW,
+        ttl_days=w.ttl,
+        keep_recent=w.keep,
+        max_bytes=w.cap,
+        park_ttl_hours=w.park_ttl,
+        park_max_bytes=w.park_cap,
+        live_pids=w.live,
+    )
 
 
 @given(worlds())
@@ -475,7 +595,8 @@ def test_mixed_folders_keep_every_promise_of_every_kind(w: World) -> None:
     p = plan_of(w)
     by = {d.name: d for d in p.decisions}
     assert {n: d.kind for n, d in by.items()} == {
-        f.name: kind_by_hand(f.name) for f in w.files if f.regular and ours_by_hand(f.name)}
+        f.name: kind_by_hand(f.name) for f in w.files if f.regular and ours_by_hand(f.name)
+    }
     current = set(w.index.current.values())
     indexed = {e.file for e in w.index.entries.values()}
     for d in p.to_delete:
@@ -515,8 +636,9 @@ def test_mixed_folders_keep_every_promise_of_every_kind(w: World) -> None:
 
 @given(mixed_worlds(), st.sampled_from([0, 1, 48, 500]), st.none() | st.integers(0, 3000))
 @hyp_settings(max_examples=300)
-def test_park_cleanup_never_touches_heads_project_heads_or_strangers(w: World, park_ttl: float,
-                                                                      park_cap: int | None) -> None:
+def test_park_cleanup_never_touches_heads_project_heads_or_strangers(
+    w: World, park_ttl: float, park_cap: int | None
+) -> None:
     """Whatever the park settings, every other file gets the very same decision; and the
     park settings are the only ones that move a parked conversation's."""
     p, q = plan_of(w), plan_of(replace(w, park_ttl=park_ttl, park_cap=park_cap))
@@ -530,13 +652,24 @@ def test_park_cleanup_never_touches_heads_project_heads_or_strangers(w: World, p
 
 @given(mixed_worlds())
 def test_random_folders_with_a_corrupt_index_delete_nothing(w: World) -> None:
-    p = plan_gc(files=w.files, index=None, index_error="bad", listing_error=None, now=NOW, ttl_days=w.ttl,
-                keep_recent=w.keep, max_bytes=w.cap, park_ttl_hours=w.park_ttl, park_max_bytes=w.park_cap,
-                live_pids=w.live)
+    p = plan_gc(
+        files=w.files,
+        index=None,
+        index_error="bad",
+        listing_error=None,
+        now=NOW,
+        ttl_days=w.ttl,
+        keep_recent=w.keep,
+        max_bytes=w.cap,
+        park_ttl_hours=w.park_ttl,
+        park_max_bytes=w.park_cap,
+        live_pids=w.live,
+    )
     assert p.to_delete == () and p.disabled and p.bytes_after == p.bytes_on_disk
 
 
 # --- run_gc on a real folder ---------------------------------------------------------
+
 
 def make_settings(home: Path, **env: str) -> Settings:
     return Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home), **env})
@@ -620,10 +753,9 @@ def test_run_gc_rechecks_each_file_just_before_deleting_it(tmp_path: Path, monke
     put(s, name(B), days_old=1)
     store_of(s).save(index_of({A: 90, B: 90}))
     stale = [DiskFile(name(A), 100, NOW - 90 * DAY), DiskFile(name(B), 100, NOW - 90 * DAY)]
-    monkeypatch.setattr("oc_prefix_cache.gc.list_slot_dir", lambda _: stale)
+    monkeypatch.setattr("oc_prefix_cache.disk.gc.list_slot_dir", lambda _: stale)
     p = run_gc(s, dry_run=False, now=NOW)
-    assert {d.fingerprint: d.reason for d in p.decisions} == {
-        A: "no longer a regular file", B: "changed while gc ran"}
+    assert {d.fingerprint: d.reason for d in p.decisions} == {A: "no longer a regular file", B: "changed while gc ran"}
     assert p.to_delete == () and len(p.warnings) == 2
     assert target.exists() and (s.slot_dir / name(A)).is_symlink() and (s.slot_dir / name(B)).exists()
     assert sorted(store_of(s).load().entries) == [A, B]
@@ -649,9 +781,14 @@ def test_run_gc_applies_the_cap_from_settings(tmp_path: Path) -> None:
 @hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_run_gc_on_random_real_folders_keeps_strangers_and_current_files(w: World) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        s = replace(make_settings(Path(tmp)), ttl_days=w.ttl, keep_recent=w.keep,
-                    max_gb=None if w.cap is None else w.cap / 1e9, park_ttl_hours=w.park_ttl,
-                    park_max_gb=None if w.park_cap is None else w.park_cap / 1e9)
+        s = replace(
+            make_settings(Path(tmp)),
+            ttl_days=w.ttl,
+            keep_recent=w.keep,
+            max_gb=None if w.cap is None else w.cap / 1e9,
+            park_ttl_hours=w.park_ttl,
+            park_max_gb=None if w.park_cap is None else w.park_cap / 1e9,
+        )
         s.slot_dir.mkdir(parents=True)
         for f in w.files:
             if f.regular:
@@ -681,27 +818,58 @@ def dead_pid() -> int:
 def test_run_gc_cleans_every_kind_and_nothing_else(tmp_path: Path) -> None:
     s = make_settings(tmp_path, OC_PREFIX_CACHE_KEEP_RECENT="0")
     gone_pid, my_pid = dead_pid(), os.getpid()
-    files = {name(A): 2, name(B, "proj"): 0.1, name(C, "proj"): 0.1, name(D, "conv"): 1, name(E, "conv"): 3,
-             f"{name(A)}.{TAG}.part": 2 / 24, f"{name(B, 'proj')}.{TAG}.part": 0.5 / 24,
-             f"ocpc-doctor-{gone_pid}.bin": 1, f"ocpc-doctor-{my_pid}.bin": 1, "notes.txt": 400,
-             f"oc-conv-{A}.bin.{TAG}.part.keep": 400}
+    files = {
+        name(A): 2,
+        name(B, "proj"): 0.1,
+        name(C, "proj"): 0.1,
+        name(D, "conv"): 1,
+        name(E, "conv"): 3,
+        f"{name(A)}.{TAG}.part": 2 / 24,
+        f"{name(B, 'proj')}.{TAG}.part": 0.5 / 24,
+        f"ocpc-doctor-{gone_pid}.bin": 1,
+        f"ocpc-doctor-{my_pid}.bin": 1,
+        "notes.txt": 400,
+        f"oc-conv-{A}.bin.{TAG}.part.keep": 400,
+    }
     for fname, days in files.items():
         put(s, fname, days_old=days)
-    store_of(s).save(Index(entries={
-        A: entry(A, days_ago=2), B: proj(B, expires_in_h=5), C: proj(C, expires_in_h=-1),
-        D: conv(D, hours_ago=24), E: conv(E, hours_ago=72)}, current={SLOT0: A}))
+    store_of(s).save(
+        Index(
+            entries={
+                A: entry(A, days_ago=2),
+                B: proj(B, expires_in_h=5),
+                C: proj(C, expires_in_h=-1),
+                D: conv(D, hours_ago=24),
+                E: conv(E, hours_ago=72),
+            },
+            current={SLOT0: A},
+        )
+    )
     p = run_gc(s, dry_run=False, now=NOW)
     assert sorted((d.kind, d.rule) for d in p.to_delete) == [
-        ("conv", "expired"), ("doctor", "stale"), ("part", "stale"), ("proj", "expired")]
-    assert sorted(f.name for f in s.slot_dir.iterdir()) == sorted([
-        name(A), name(B, "proj"), name(D, "conv"), f"{name(B, 'proj')}.{TAG}.part", f"ocpc-doctor-{my_pid}.bin",
-        "notes.txt", f"oc-conv-{A}.bin.{TAG}.part.keep"])
+        ("conv", "expired"),
+        ("doctor", "stale"),
+        ("part", "stale"),
+        ("proj", "expired"),
+    ]
+    assert sorted(f.name for f in s.slot_dir.iterdir()) == sorted(
+        [
+            name(A),
+            name(B, "proj"),
+            name(D, "conv"),
+            f"{name(B, 'proj')}.{TAG}.part",
+            f"ocpc-doctor-{my_pid}.bin",
+            "notes.txt",
+            f"oc-conv-{A}.bin.{TAG}.part.keep",
+        ]
+    )
     assert sorted(store_of(s).load().entries) == [A, B, D]
     assert set(p.ignored) == {"notes.txt", f"oc-conv-{A}.bin.{TAG}.part.keep"}
 
 
 def test_run_gc_rechecks_temp_files_and_doctor_probes_before_deleting(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A probe whose doctor runs, a temp file rewritten or turned into a symlink: all left alone."""
     s = make_settings(tmp_path)
     target = tmp_path / "precious.bin"
@@ -711,12 +879,14 @@ def test_run_gc_rechecks_temp_files_and_doctor_probes_before_deleting(
     put(s, written, days_old=0)
     (s.slot_dir / linked).symlink_to(target)
     stale = [DiskFile(n, 100, NOW - DAY) for n in (probe, written, linked)]
-    monkeypatch.setattr("oc_prefix_cache.gc.list_slot_dir", lambda _: stale)
-    monkeypatch.setattr("oc_prefix_cache.gc._live_doctor_pids", lambda _: frozenset())  # planned as gone
+    monkeypatch.setattr("oc_prefix_cache.disk.gc.list_slot_dir", lambda _: stale)
+    monkeypatch.setattr("oc_prefix_cache.disk.gc._live_doctor_pids", lambda _: frozenset())  # planned as gone
     p = run_gc(s, dry_run=False, now=NOW)
     assert {d.name: (d.rule, d.reason) for d in p.decisions} == {
         probe: ("skipped", f"ocpc doctor (process {os.getpid()}) is running"),
-        written: ("skipped", "changed while gc ran"), linked: ("skipped", "no longer a regular file")}
+        written: ("skipped", "changed while gc ran"),
+        linked: ("skipped", "no longer a regular file"),
+    }
     assert p.to_delete == () and len(p.warnings) == 3
     assert all((s.slot_dir / n).exists() for n in (probe, written)) and (s.slot_dir / linked).is_symlink()
 
@@ -758,9 +928,15 @@ def test_run_gc_reads_a_version_1_index_as_heads_and_writes_version_2(tmp_path: 
     s = make_settings(tmp_path, OC_PREFIX_CACHE_KEEP_RECENT="0")
     put(s, name(A), days_old=90)
     put(s, name(B), days_old=1)
-    old = {fp: {k: v for k, v in vars(entry(fp, days_ago=d)).items()
-                if k in ("file", "bytes", "prefix_tokens", "created", "last_used", "model", "server_build",
-                         "harness", "xxh64")} for fp, d in ((A, 90), (B, 1))}
+    old = {
+        fp: {
+            k: v
+            for k, v in vars(entry(fp, days_ago=d)).items()
+            if k
+            in ("file", "bytes", "prefix_tokens", "created", "last_used", "model", "server_build", "harness", "xxh64")
+        }
+        for fp, d in ((A, 90), (B, 1))
+    }
     s.index_path.write_text(json.dumps({"version": 1, "entries": old, "current": {}}))
     p = run_gc(s, dry_run=False, now=NOW)
     assert [(d.kind, d.rule, d.fingerprint) for d in p.to_delete] == [("head", "expired", A)]
@@ -780,7 +956,9 @@ def test_ocpc_gc_shows_each_file_kind(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(d["kind"], d["action"], d["rule"]) for d in data["decisions"]] == [
-        ("conv", "delete", "orphan"), ("part", "delete", "stale")]
+        ("conv", "delete", "orphan"),
+        ("part", "delete", "stale"),
+    ]
     assert data["ignored"] == ["notes.txt"] and data["dry_run"] is True
     text = runner.invoke(app, ["gc", "--dry-run"])
     assert text.exit_code == 0, text.output
@@ -831,7 +1009,8 @@ def with_foreign(index: Index, foreign: dict[str, dict[str, object]]) -> Index:
 @given(worlds_with_foreign_entries())
 @hyp_settings(max_examples=300)
 def test_gc_never_deletes_or_judges_the_files_of_entries_of_unknown_kinds(
-        world: tuple[World, dict[str, dict[str, object]]]) -> None:
+    world: tuple[World, dict[str, dict[str, object]]],
+) -> None:
     """Before, one such entry made the index corrupt and cleanup stopped altogether; reading them
     must not make their files fair game either (an orphan in our pattern, a temp file, a head
     past its TTL that the newer entry names too): they are ignored, like a stranger's."""
@@ -861,5 +1040,6 @@ def test_run_gc_keeps_entries_of_unknown_kinds_and_their_files_and_cleans_the_re
     after = json.loads(s.index_path.read_text())["entries"]
     assert after["7" * 16] == newer and after["8" * 16] == data["entries"]["8" * 16] and C not in after
     planned = DiskFile(str(newer["file"]), 100, NOW - 400 * DAY)
-    assert "does not know" in str(_still_deletable(s.slot_dir / planned.name, planned, current=set(),
-                                                   alive=pid_alive, foreign={planned.name}))
+    assert "does not know" in str(
+        _still_deletable(s.slot_dir / planned.name, planned, current=set(), alive=pid_alive, foreign={planned.name})
+    )

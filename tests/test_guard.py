@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from oc_prefix_cache.daemon import Daemon
-from oc_prefix_cache.guard import DAEMON_ROUTES, PROXY_ROUTES, Guard, Route, host_name, route_of
-from oc_prefix_cache.proxy import Proxy
-from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
-from oc_prefix_cache.router import RouterProxy
+from oc_prefix_cache.doors.daemon import Daemon
+from oc_prefix_cache.doors.guard import DAEMON_ROUTES, PROXY_ROUTES, Guard, Route, host_name, route_of
+from oc_prefix_cache.doors.proxy import Proxy
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.doors.router import RouterProxy
 from oc_prefix_cache.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,17 +32,23 @@ assert _spec and _spec.loader
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-FOREIGN = ({"origin": "http://evil.example"}, {"host": "evil.example"},
-           {"origin": "http://evil.example", "host": "evil.example:8766"}, {"origin": "null"})
-CHAT = {"model": "m", "messages": [{"role": "system", "content": "be brief <env>x"}, {"role": "user", "content": "hi"}],
-        "tools": [{"type": "function", "function": {"name": "t", "parameters": {}}}]}
+FOREIGN = (
+    {"origin": "http://evil.example"},
+    {"host": "evil.example"},
+    {"origin": "http://evil.example", "host": "evil.example:8766"},
+    {"origin": "null"},
+)
+CHAT = {
+    "model": "m",
+    "messages": [{"role": "system", "content": "be brief <env>x"}, {"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "t", "parameters": {}}}],
+}
 
 
 def send(url: str, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
     body = json.dumps(CHAT).encode() if method == "POST" else None
     with httpx.Client(trust_env=False, timeout=10) as client:
-        return client.request(method, url + path, content=body,
-                              headers={"content-type": "application/json", **headers})
+        return client.request(method, url + path, content=body, headers={"content-type": "application/json", **headers})
 
 
 @pytest.fixture
@@ -78,7 +84,14 @@ def test_every_declared_route_classifies_as_its_rule_says() -> None:
 
 def test_host_names_are_read_with_ports_and_brackets() -> None:
     assert [host_name(h) for h in ("127.0.0.1:8766", "[::1]:8766", "[::1]", "LOCALHOST", "evil:1", "", None)] == [
-        "127.0.0.1", "::1", "::1", "localhost", "evil", "", ""]
+        "127.0.0.1",
+        "::1",
+        "::1",
+        "localhost",
+        "evil",
+        "",
+        "",
+    ]
     guard = Guard(own_origins=frozenset({"http://127.0.0.1:8766"}))
     assert guard.judge(Route.CONTROL, {"origin": "http://127.0.0.1:8766/", "host": "127.0.0.1:8766"}) is None
     assert guard.judge(Route.OWN, {"origin": "http://127.0.0.1:8766", "host": "127.0.0.1:8766"}) is not None
@@ -103,8 +116,14 @@ def test_the_proxy_and_the_router_guard_every_route(front: str, settings: Settin
     if front == "proxy":
         app: Proxy | RouterProxy = Proxy(settings=settings, preparer=build_preparer(settings, server_url=stub.url))
     else:
-        app = RouterProxy(settings=settings, server_url=stub.url, warm_on_load=False, make=lambda model: Proxy(
-            settings=settings, preparer=build_preparer(settings, server_url=stub.url, model=model)))
+        app = RouterProxy(
+            settings=settings,
+            server_url=stub.url,
+            warm_on_load=False,
+            make=lambda model: Proxy(
+                settings=settings, preparer=build_preparer(settings, server_url=stub.url, model=model)
+            ),
+        )
     server = ProxyServer(app, port=0)
     server.start()
     try:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache.anthropic import to_chat
+from oc_prefix_cache.chat.anthropic import to_chat
+from oc_prefix_cache.chat.head import Head, Skip, locate_head, tokens_before
 from oc_prefix_cache.harness import (
     DEFAULT_ADAPTERS,
     NAMES,
@@ -31,8 +32,7 @@ from oc_prefix_cache.harness import (
     select,
 )
 from oc_prefix_cache.harness.claude_code import MEMORY_MARKER
-from oc_prefix_cache.head import Head, Skip, locate_head, tokens_before
-from oc_prefix_cache.slot_client import SlotClient
+from oc_prefix_cache.llama.client import SlotClient
 
 DATA = Path(__file__).parent / "data"
 CC = DATA / "claude-code-2.1.332"
@@ -78,21 +78,33 @@ CC_A1, CC_A2, CC_A2C, CC_ATTR0 = (incoming(CC / f"{run}.json") for run in ("A1",
 CC_MAIN1, CC_SUB1, CC_SUB2, CC_MAIN2 = (incoming(p) for p in sorted(CC_SUB.glob("000*.json")))
 PI_A1, PI_A2, PI_A2C = (incoming(PI / f"{run}.json") for run in ("A1", "A2", "A2-continue"))
 PI_AFF1, PI_AFF2C = incoming(PI / "A1-affinity.json"), incoming(PI / "A2-continue-affinity.json")
-IN_A1, IN_A2, IN_A2C, IN_B1, IN_COMMIT = (incoming(CC_INST / f"{run}.json") for run in (
-    "A1", "A2", "A2-continue", "B1", "A3-commit"))
+IN_A1, IN_A2, IN_A2C, IN_B1, IN_COMMIT = (
+    incoming(CC_INST / f"{run}.json") for run in ("A1", "A2", "A2-continue", "B1", "A3-commit")
+)
 IN_MAIN1, IN_SUB1, IN_SUB2, IN_MAIN2 = (incoming(p) for p in sorted(CC_INST.glob("A4-subagent-*.json")))
-OC_A, OC_B, OC_A2 = (incoming(OC / f"{name}.json") for name in (
-    "02_projA_turn1_main_request", "03_projB_turn1_main_request", "04_projA_turn2_main_request"))
+OC_A, OC_B, OC_A2 = (
+    incoming(OC / f"{name}.json")
+    for name in ("02_projA_turn1_main_request", "03_projB_turn1_main_request", "04_projA_turn2_main_request")
+)
 OC_TITLE, OC_MAIN1, OC_SUB1, OC_SUB2, OC_MAIN2 = (incoming(p) for p in sorted(OC_SUB.glob("000*.json")))
 
 
 # -- selection and switching off ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("request_", "name"), [
-    (CC_A1, "claude-code"), (CC_SUB1, "claude-code"), (PI_A1, "pi"), (PI_AFF1, "pi"), (PI_A2C, "pi"),
-    (OC_A, "opencode"), (OC_TITLE, "opencode"), (OC_SUB1, "opencode"),
-])
+@pytest.mark.parametrize(
+    ("request_", "name"),
+    [
+        (CC_A1, "claude-code"),
+        (CC_SUB1, "claude-code"),
+        (PI_A1, "pi"),
+        (PI_AFF1, "pi"),
+        (PI_A2C, "pi"),
+        (OC_A, "opencode"),
+        (OC_TITLE, "opencode"),
+        (OC_SUB1, "opencode"),
+    ],
+)
 def test_each_capture_selects_its_harness(request_: Incoming, name: str) -> None:
     assert select(request_, enabled=ALL).name == name
 
@@ -131,8 +143,17 @@ def test_select_takes_a_configured_generic_and_adapter_list() -> None:
     generic = GenericAdapter(markers=("\nCurrent date: ",))
     assert select(PI_A1, enabled=frozenset(), fallback=generic) is generic
     assert select(PI_A1, enabled=ALL, adapters=[OpenCodeAdapter()]).name == "generic"
-    assert [a.name for a in DEFAULT_ADAPTERS] == ["opencode", "claude-code", "pi", "codex", "qwen-code",
-                                                    "kilo-code", "aider", "cline", "openhands"]
+    assert [a.name for a in DEFAULT_ADAPTERS] == [
+        "opencode",
+        "claude-code",
+        "pi",
+        "codex",
+        "qwen-code",
+        "kilo-code",
+        "aider",
+        "cline",
+        "openhands",
+    ]
     assert isinstance(generic.head(PI_A1.body), Head)
 
 
@@ -161,8 +182,9 @@ def test_claude_code_moves_the_main_agents_environment_to_the_end_of_its_system_
         env = raw[1]["content"] if isinstance(raw[1]["content"], str) else raw[1]["content"][0]["text"]
         assert env.startswith("# Environment\n") and "environment-to-system" in changes
         assert body["system"][-1] == {"type": "text", "text": "\n\n" + env}
-        assert len(body["messages"]) == len(raw) - 1 and body["messages"][0] == raw[0] | {"content": [
-            {k: v for k, v in b.items() if k != "cache_control"} for b in raw[0]["content"]]}
+        assert len(body["messages"]) == len(raw) - 1 and body["messages"][0] == raw[0] | {
+            "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in raw[0]["content"]]
+        }
         assert not any(m["role"] == "system" for m in body["messages"])
     for request_ in (CC_SUB1, CC_SUB2):
         assert "environment-to-system" not in ClaudeCodeAdapter().normalise(request_)[1]
@@ -199,11 +221,18 @@ def test_claude_code_as_installed_sends_no_system_turns_and_its_environment_befo
         assert not request_.body["system"][0]["text"].startswith("x-anthropic-billing-header")
         assert body == ClaudeCodeAdapter().normalise(request_)[0]  # environment-to-system finds nothing to move
     reminders = [b["text"] for b in IN_A1.body["messages"][0]["content"]]
-    starts = ("# Environment", "You are powered by the model", "The following deferred tools",
-              "Available agent types", "The following skills", "As you answer the user's questions",
-              "Today's date is 2026-12-03.", "Attribution for git commits")
+    starts = (
+        "# Environment",
+        "You are powered by the model",
+        "The following deferred tools",
+        "Available agent types",
+        "The following skills",
+        "As you answer the user's questions",
+        "Today's date is 2026-12-03.",
+        "Attribution for git commits",
+    )
     assert len(reminders) == len(starts) + 1
-    for reminder, start in zip(reminders, starts):
+    for reminder, start in zip(reminders, starts, strict=False):
         assert reminder.startswith(f"<system-reminder>\n{start}"), (reminder[:60], start)
     assert reminders[-1] == "say ok"
 
@@ -221,6 +250,7 @@ def test_claude_code_as_installed_has_two_project_levels() -> None:
     def upto(chat: dict[str, Any], end: str) -> str:
         parts = [p["text"] for p in chat["messages"][1]["content"]]
         return "".join(parts[: parts.index(end) + 1])
+
     assert upto(chat_a, a1.project_base) == upto(chat_commit, commit.project_base)  # the environment stays
     assert upto(chat_a, a1.project_tail) != upto(chat_commit, commit.project_tail)  # the git status moved
     assert upto(chat_a, a1.project_base) != upto(chat_b, b1.project_base)  # another project's environment
@@ -234,7 +264,7 @@ def test_claude_code_system_entries_become_user_text_in_place() -> None:
         body, _ = IN_PLACE.normalise(request_)
         before, after = request_.body["messages"], body["messages"]
         assert len(after) == len(before) and not any(m["role"] == "system" for m in after)
-        for old, new in zip(before, after):
+        for old, new in zip(before, after, strict=False):
             if old["role"] == "system":
                 text = old["content"] if isinstance(old["content"], str) else old["content"][0]["text"]
                 assert new == {"role": "user", "content": text}
@@ -281,8 +311,10 @@ def test_sessions() -> None:
 
 def test_claude_code_head_is_shared_and_ends_at_the_memory_marker() -> None:
     cc = ClaudeCodeAdapter()
-    heads = [replace(head_of(cc, r), project_tail="", project_base="")  # the project levels are per project
-             for r in (CC_A1, CC_A2, CC_A2C, CC_ATTR0, project_b(CC_A1), CC_MAIN1, CC_MAIN2)]
+    heads = [
+        replace(head_of(cc, r), project_tail="", project_base="")  # the project levels are per project
+        for r in (CC_A1, CC_A2, CC_A2C, CC_ATTR0, project_b(CC_A1), CC_MAIN1, CC_MAIN2)
+    ]
     assert all(h == heads[0] for h in heads)
     assert heads[0].system_head.endswith(MEMORY_MARKER) and heads[0].n_tools == 12
     assert heads[0].system_head.startswith("You are a Claude agent, built on Anthropic's Claude Agent SDK.")
@@ -299,8 +331,15 @@ def test_pi_head_is_shared_and_stops_before_the_date() -> None:
     assert heads[0].system_head.endswith("(e.g., tui.md for TUI API details)")
     assert "cache_control" not in heads[0].tools_json and heads[0].n_tools == 4
     for marker in ("\n\n# Project Context\n\n", "\n\nThe following skills provide specialized instructions"):
-        messages = [{"role": "system", "content": PI_A1.body["messages"][0]["content"].replace(
-            "\nCurrent date: ", marker + "per-project text\nCurrent date: ")}, PI_A1.body["messages"][1]]
+        messages = [
+            {
+                "role": "system",
+                "content": PI_A1.body["messages"][0]["content"].replace(
+                    "\nCurrent date: ", marker + "per-project text\nCurrent date: "
+                ),
+            },
+            PI_A1.body["messages"][1],
+        ]
         head = pi.head({**PI_A1.body, "messages": messages})
         assert isinstance(head, Head) and head.marker == marker
         assert (head.tools_json, head.system_head) == (heads[0].tools_json, heads[0].system_head)
@@ -383,8 +422,10 @@ def test_a_turn_renders_as_a_strict_extension_of_the_last(llama_server: Any) -> 
     server = llama_server("qwen35", ctx_size=2048)
     with SlotClient(server.url) as client:
         pairs: list[tuple[Adapter, Incoming, Incoming]] = [
-            (ClaudeCodeAdapter(), CC_A2, CC_A2C), (ClaudeCodeAdapter(), CC_MAIN1, CC_MAIN2),
-            (ClaudeCodeAdapter(), CC_SUB1, CC_SUB2), (PiAdapter(), PI_A2, PI_A2C),
+            (ClaudeCodeAdapter(), CC_A2, CC_A2C),
+            (ClaudeCodeAdapter(), CC_MAIN1, CC_MAIN2),
+            (ClaudeCodeAdapter(), CC_SUB1, CC_SUB2),
+            (PiAdapter(), PI_A2, PI_A2C),
             (OpenCodeAdapter(), OC_MAIN1, OC_MAIN2),
         ]
         for adapter, turn1, turn2 in pairs:
@@ -401,27 +442,45 @@ def test_claude_code_project_levels_are_strict_token_prefixes_on_the_real_server
     second session shares the project head (its own text is all that is left: 9 tokens), a session
     after a commit shares only the shorter level (it processes the git status, the date and the
     attribution: ~300 tokens instead of ~3,200 from the head), another project shares the head."""
-    from oc_prefix_cache.families import CacheFacts, Family
-    from oc_prefix_cache.fingerprint import FileIdentity, ServerIdentity
-    from oc_prefix_cache.head import message_text
-    from oc_prefix_cache.planner import HeadPlanner
+    from oc_prefix_cache.chat.head import message_text
+    from oc_prefix_cache.engine.planner import HeadPlanner
+    from oc_prefix_cache.llama.families import CacheFacts, Family
+    from oc_prefix_cache.llama.fingerprint import FileIdentity, ServerIdentity
 
-    identity = ServerIdentity(model_path="/m/model.gguf", model_files=(FileIdentity("model.gguf", 100, 1),),
-                              build="b0-unknown|x|1|2", chat_template_digest="t", n_ctx=16384, total_slots=1,
-                              kv_types="f16/f16", cache=CacheFacts(Family.HYBRID))
+    identity = ServerIdentity(
+        model_path="/m/model.gguf",
+        model_files=(FileIdentity("model.gguf", 100, 1),),
+        build="b0-unknown|x|1|2",
+        chat_template_digest="t",
+        n_ctx=16384,
+        total_slots=1,
+        kv_types="f16/f16",
+        cache=CacheFacts(Family.HYBRID),
+    )
     server = llama_server("qwen35", ctx_size=16384)
     planner = HeadPlanner()
     with SlotClient(server.url) as client:
+
         def plan(request_: Incoming) -> Any:
             chat = chat_of(IN_PLACE, request_)
-            full = planner.plan(client, chat, head_of(IN_PLACE, request_), server=identity,
-                                harness="claude-cli/2.1.332", system_text=message_text(chat["messages"][0]))
+            full = planner.plan(
+                client,
+                chat,
+                head_of(IN_PLACE, request_),
+                server=identity,
+                harness="claude-cli/2.1.332",
+                system_text=message_text(chat["messages"][0]),
+            )
             whole = [token for token, _ in client.tokenize_pieces(full.prompt)]
             assert list(full.request_tokens) == whole  # the tokens the server will see
-            for shorter, longer in ((full.tokens, full.base), (full.base, full.project),
-                                    (full.project, full.request_tokens)):
+            for shorter, longer in (
+                (full.tokens, full.base),
+                (full.base, full.project),
+                (full.project, full.request_tokens),
+            ):
                 assert len(shorter) < len(longer) and longer[: len(shorter)] == shorter
             return full
+
         a1, a2, commit, b1, sub = (plan(r) for r in (IN_A1, IN_A2, IN_COMMIT, IN_B1, IN_SUB1))
     assert (a1.project, a1.project_text, a1.base_text) == (a2.project, a2.project_text, a2.base_text)
     assert len(a2.request_tokens) - len(a2.project) < 20

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from oc_prefix_cache.chat.head import Head
+from oc_prefix_cache.chat.head import message_text as _text
 from oc_prefix_cache.harness import DEFAULT_ADAPTERS, Incoming, select
 from oc_prefix_cache.harness.aider import AiderAdapter
-from oc_prefix_cache.head import Head
-from oc_prefix_cache.head import message_text as _text
 
 DATA = Path(__file__).parent / "data" / "aider-0.86.2"
 ENABLED = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "aider", "cline", "generic"})
@@ -42,9 +42,16 @@ def test_aider_is_recognised_by_its_prompt_and_its_body_is_unchanged() -> None:
         assert adapter.name == "aider" and adapter.session(request) is None
         assert adapter.normalise(request) == (request.body, ()) and adapter.normalise(request)[0] is request.body
     assert RUNS["A1"].user_agent.startswith("OpenAI/Python ")  # shared by many clients: not enough alone
-    other = Incoming(api="openai", headers={"user-agent": "OpenAI/Python 2.20.0"},
-                     body={"messages": [{"role": "system", "content": "Act as an expert software developer."},
-                                        {"role": "user", "content": "hi"}]})
+    other = Incoming(
+        api="openai",
+        headers={"user-agent": "OpenAI/Python 2.20.0"},
+        body={
+            "messages": [
+                {"role": "system", "content": "Act as an expert software developer."},
+                {"role": "user", "content": "hi"},
+            ]
+        },
+    )
     assert not AiderAdapter().matches(other)  # the opener alone is not Aider's
     assert not AiderAdapter().matches(Incoming(api="anthropic", headers={}, body=RUNS["A1"].body))
 
@@ -52,8 +59,11 @@ def test_aider_is_recognised_by_its_prompt_and_its_body_is_unchanged() -> None:
 def test_aider_has_one_head_for_every_project_without_tools() -> None:
     a1, a2, b1 = head("A1"), head("A2"), head("B1")
     assert "tools" not in RUNS["A1"].body and a1.n_tools == 0 and a1.tools_json == "[]"
-    assert (a1.tools_json, a1.system_head, a1.marker) == (b1.tools_json, b1.system_head, b1.marker) == (
-        a2.tools_json, a2.system_head, a2.marker)
+    assert (
+        (a1.tools_json, a1.system_head, a1.marker)
+        == (b1.tools_json, b1.system_head, b1.marker)
+        == (a2.tools_json, a2.system_head, a2.marker)
+    )
     assert a1.system_head == message_text(RUNS["A1"].body["messages"][0]).strip()  # whole format: all of it
     assert a1.system_head.startswith("Act as an expert software developer.")
     # with --edit-format diff the system text prints the platform and the date: the head ends before
@@ -71,8 +81,11 @@ def test_aider_project_head_ends_after_its_fixed_messages_before_the_typed_text(
     assert texts[-1].startswith("say ok\n\n")  # the typed text, then the format's reminder
     repo = next(t for t in texts if t and t.startswith("Here are summaries of some files"))
     assert "calc.py" in repo and texts.index(repo) < len(texts) - 2  # the repo map is inside the project head
-    other = next(t for t in (message_text(m) for m in RUNS["B1"].body["messages"])
-                 if t and t.startswith("Here are summaries of some files"))
+    other = next(
+        t
+        for t in (message_text(m) for m in RUNS["B1"].body["messages"])
+        if t and t.startswith("Here are summaries of some files")
+    )
     assert "greet.js" in other and other != repo  # ... and is per project
     assert a1.project_tail == b1.project_tail  # the same fixed text ends it; the key is the text before
     assert "projA" not in a1.system_head and "calc.py" not in a1.system_head
@@ -87,9 +100,15 @@ def test_aider_second_turn_keeps_the_project_head_and_the_history_after_it() -> 
 
 
 def test_aider_without_a_repo_map_or_examples_ends_the_project_head_at_the_system_text() -> None:
-    body = {"model": "m", "messages": [{"role": "system", "content": "Act as an expert software developer.\n"},
-                                       {"role": "user", "content": "I am not sharing any files that you can edit yet."},
-                                       {"role": "assistant", "content": "Ok."}, {"role": "user", "content": "hi"}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Act as an expert software developer.\n"},
+            {"role": "user", "content": "I am not sharing any files that you can edit yet."},
+            {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": "hi"},
+        ],
+    }
     found = AiderAdapter().head(body)
     assert isinstance(found, Head) and found.project_tail == "Ok."
     alone = AiderAdapter().head({"messages": [body["messages"][0], body["messages"][-1]]})

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from oc_prefix_cache.chat.head import Head, message_text
 from oc_prefix_cache.harness import DEFAULT_ADAPTERS, GenericAdapter, Incoming, select
 from oc_prefix_cache.harness.cline import ClineAdapter
-from oc_prefix_cache.head import Head, message_text
 
 DATA = Path(__file__).parent / "data" / "cline-3.0.65"
 ENABLED = frozenset({"opencode", "claude-code", "pi", "codex", "qwen-code", "aider", "cline", "generic"})
@@ -36,8 +36,11 @@ def test_cline_is_recognised_by_its_prompt_and_its_body_is_unchanged() -> None:
     assert adapter.name == "cline" and adapter.session(request) is None
     assert adapter.normalise(request) == (request.body, ()) and adapter.normalise(request)[0] is request.body
     assert select(request, enabled=ENABLED - {"cline"}, adapters=ADAPTERS).name == "generic"  # switched off
-    other = Incoming(api="openai", headers=request.headers,
-                     body={**request.body, "messages": [{"role": "system", "content": "You are a helper."}]})
+    other = Incoming(
+        api="openai",
+        headers=request.headers,
+        body={**request.body, "messages": [{"role": "system", "content": "You are a helper."}]},
+    )
     assert not ClineAdapter().matches(other)
     assert not ClineAdapter().matches(Incoming(api="openai", headers={"user-agent": "curl/8"}, body=request.body))
 

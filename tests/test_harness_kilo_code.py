@@ -6,15 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from oc_prefix_cache.chat.head import Head, Skip, message_text
 from oc_prefix_cache.harness import DEFAULT_ADAPTERS, Incoming, OpenCodeAdapter, select
 from oc_prefix_cache.harness.kilo_code import KiloCodeAdapter
-from oc_prefix_cache.head import Head, Skip, message_text
 from oc_prefix_cache.settings import ADAPTER_NAMES
 
 DATA = Path(__file__).parent / "data" / "kilo-code-7.7.9"
-KILO = {run: (lambda data: Incoming(api="openai", headers={k.lower(): v for k, v in data["headers"].items()},
-                                     body=data["body_json"]))(json.loads((DATA / f"{run}.json").read_text()))
-        for run in ("A1", "A2", "B1", "S1", "S1-subagent", "S1-title")}
+KILO = {
+    run: (
+        lambda data: Incoming(
+            api="openai", headers={k.lower(): v for k, v in data["headers"].items()}, body=data["body_json"]
+        )
+    )(json.loads((DATA / f"{run}.json").read_text()))
+    for run in ("A1", "A2", "B1", "S1", "S1-subagent", "S1-title")
+}
 # every adapter the package knows, with this one (a no-op duplicate once it is in DEFAULT_ADAPTERS)
 ADAPTERS = (*DEFAULT_ADAPTERS, KiloCodeAdapter())
 ENABLED = ADAPTER_NAMES | {"kilo-code"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from oc_prefix_cache.chat.head import Head
+from oc_prefix_cache.chat.responses import prepared
 from oc_prefix_cache.harness import CodexAdapter, Incoming, QwenCodeAdapter, select
-from oc_prefix_cache.head import Head
-from oc_prefix_cache.responses import prepared
 from oc_prefix_cache.settings import ADAPTER_NAMES
 
 DATA = Path(__file__).parent / "data"
@@ -32,7 +32,9 @@ def test_codex_is_recognised_and_its_developer_messages_merged() -> None:
     body, changes = adapter.normalise(request)
     assert changes == ("merge-developer-messages",) and len(body["input"]) == len(request.body["input"]) - 1
     first, second = request.body["input"][:2]
-    assert body["input"][0]["content"] == first["content"] + [{"type": "input_text", "text": "\n\n"}] + second["content"]
+    assert (
+        body["input"][0]["content"] == first["content"] + [{"type": "input_text", "text": "\n\n"}] + second["content"]
+    )
     assert body["input"][1:] == request.body["input"][2:] and request.body["input"][1] is second  # input untouched
     assert CodexAdapter(off=frozenset({"merge-developer-messages"})).normalise(request) == (request.body, ())
     assert adapter.normalise(Incoming(api="responses", headers={}, body=body)) == (body, ())  # already merged

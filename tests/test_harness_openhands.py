@@ -9,18 +9,22 @@ from typing import Any
 
 import pytest
 
+from oc_prefix_cache.chat.head import Head, message_text
 from oc_prefix_cache.harness import DEFAULT_ADAPTERS, GenericAdapter, Incoming, select
 from oc_prefix_cache.harness.openhands import OpenHandsAdapter
-from oc_prefix_cache.head import Head, message_text
+from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import ADAPTER_NAMES
-from oc_prefix_cache.slot_client import SlotClient
-
-from .test_harness import head_tokens, rendered
+from tests.test_harness import head_tokens, rendered
 
 DATA = Path(__file__).parent / "data" / "openhands-1.16.0"
-RUNS = {run: (lambda data: Incoming(api="openai", headers={k.lower(): v for k, v in data["headers"].items()},
-                                     body=data["body_json"]))(json.loads((DATA / f"{run}.json").read_text()))
-        for run in ("A1", "A2", "B1", "T-turn1", "T-turn2", "S1", "S1-subagent", "S1-after")}
+RUNS = {
+    run: (
+        lambda data: Incoming(
+            api="openai", headers={k.lower(): v for k, v in data["headers"].items()}, body=data["body_json"]
+        )
+    )(json.loads((DATA / f"{run}.json").read_text()))
+    for run in ("A1", "A2", "B1", "T-turn1", "T-turn2", "S1", "S1-subagent", "S1-after")
+}
 ADAPTERS = (*DEFAULT_ADAPTERS, OpenHandsAdapter())  # as registered, or before it is
 ENABLED = ADAPTER_NAMES | {"openhands"}
 
@@ -44,8 +48,11 @@ def test_openhands_is_recognised_by_its_prompt_and_its_body_is_unchanged() -> No
         assert adapter.normalise(request) == (request.body, ()) and adapter.normalise(request)[0] is request.body
     assert RUNS["A1"].user_agent.startswith("OpenAI/Python ")  # the OpenAI SDK's: not OpenHands' alone
     assert select(RUNS["A1"], enabled=ENABLED - {"openhands"}, adapters=ADAPTERS).name == "generic"  # switched off
-    other = Incoming(api="openai", headers=RUNS["A1"].headers,
-                     body={**RUNS["A1"].body, "messages": [{"role": "system", "content": "You are a helper."}]})
+    other = Incoming(
+        api="openai",
+        headers=RUNS["A1"].headers,
+        body={**RUNS["A1"].body, "messages": [{"role": "system", "content": "You are a helper."}]},
+    )
     assert not OpenHandsAdapter().matches(other)
     assert not OpenHandsAdapter().matches(Incoming(api="anthropic", headers={}, body=RUNS["A1"].body))
 
@@ -64,12 +71,18 @@ def test_the_head_ends_where_the_context_begins_and_is_shared_by_a_projects_sess
     assert a1.tools_json.replace("/home/dev/projA", "/home/dev/projB") == b1.tools_json  # only the directory
     assert "Your current working directory is: /home/dev/projA" in a1.tools_json
     # what follows the head: the time (new every session), B's AGENTS.md, the working directory
-    assert system("A1") != system("A2") and system("A1")[len(a1.system_head):] == RUNS["A1"].body[
-        "messages"][0]["content"][1]["text"]
-    after = system("B1")[len(b1.system_head):]
+    assert (
+        system("A1") != system("A2")
+        and system("A1")[len(a1.system_head) :] == RUNS["A1"].body["messages"][0]["content"][1]["text"]
+    )
+    after = system("B1")[len(b1.system_head) :]
     assert after.startswith("<CURRENT_DATETIME>\nThe current date and time is: 2026-")
-    assert after.index("</CURRENT_DATETIME>") < after.index("<REPO_CONTEXT>") < after.index("Use tabs.") < after.index(
-        "Your current working directory is: /home/dev/projB")
+    assert (
+        after.index("</CURRENT_DATETIME>")
+        < after.index("<REPO_CONTEXT>")
+        < after.index("Use tabs.")
+        < after.index("Your current working directory is: /home/dev/projB")
+    )
     assert RUNS["A1"].body["messages"][1]["content"] == [{"type": "text", "text": "say ok"}]  # the typed text alone
 
 
@@ -79,7 +92,7 @@ def test_no_project_head_is_cut_when_the_time_follows_the_head() -> None:
     assert all(head(run).project is False for run in ("A1", "B1", "S1", "S1-subagent"))
     body = json.loads(json.dumps(RUNS["B1"].body))
     suffix = body["messages"][0]["content"][1]
-    suffix["text"] = suffix["text"][suffix["text"].index("<REPO_CONTEXT>"):]  # an SDK agent without the time
+    suffix["text"] = suffix["text"][suffix["text"].index("<REPO_CONTEXT>") :]  # an SDK agent without the time
     without = OpenHandsAdapter().head(body)
     assert isinstance(without, Head) and without.marker == "<REPO_CONTEXT>" and without.project is True
     assert without.system_head == head("B1").system_head
@@ -110,7 +123,7 @@ def test_a_subagent_shares_its_parents_key_but_not_its_session() -> None:
     assert adapter.session(sub) is None
     main_head, sub_head = head("S1"), head("S1-subagent")
     assert sub_head.system_head == main_head.system_head and sub_head.n_tools == main_head.n_tools - 1
-    assert "You are a general-purpose agent." in system("S1-subagent")[len(sub_head.system_head):]
+    assert "You are a general-purpose agent." in system("S1-subagent")[len(sub_head.system_head) :]
     assert after.body["messages"][:2] == main.body["messages"][:2]  # the parent goes on after the result
 
 
@@ -135,8 +148,10 @@ def test_the_head_is_a_strict_token_prefix_and_turns_extend_on_the_real_server(l
         for run in ("B1", "S1-subagent"):
             tokens, whole = cuts[run]
             assert tokens != head and whole[: len(tokens)] == tokens and len(whole) > len(tokens), run
-        print(f"\nhead {len(head)} tokens of {len(cuts['A1'][1])} (A1); B1 {len(cuts['B1'][0])} of "
-              f"{len(cuts['B1'][1])}; subagent {len(cuts['S1-subagent'][0])} of {len(cuts['S1-subagent'][1])}")
+        print(
+            f"\nhead {len(head)} tokens of {len(cuts['A1'][1])} (A1); B1 {len(cuts['B1'][0])} of "
+            f"{len(cuts['B1'][1])}; subagent {len(cuts['S1-subagent'][0])} of {len(cuts['S1-subagent'][1])}"
+        )
         _, first = rendered(client, RUNS["T-turn1"].body, generation_prompt=False)
         _, second = rendered(client, RUNS["T-turn2"].body)
         assert second[: len(first)] == first and len(second) > len(first)

@@ -7,15 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from oc_prefix_cache.families import CacheFacts, Family
-from oc_prefix_cache.errors import BadRequestBody
-from oc_prefix_cache.fingerprint import (
-    FileIdentity,
-    FingerprintInputs,
-    ServerIdentity,
-    fingerprint,
-)
-from oc_prefix_cache.head import (
+from oc_prefix_cache.chat.head import (
     Head,
     Skip,
     extends,
@@ -25,8 +17,10 @@ from oc_prefix_cache.head import (
     parse_body,
     tokens_before,
 )
-
-from .helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, TITLE, capture, capture_bytes
+from oc_prefix_cache.errors import BadRequestBody
+from oc_prefix_cache.llama.families import CacheFacts, Family
+from oc_prefix_cache.llama.fingerprint import FileIdentity, FingerprintInputs, ServerIdentity, fingerprint
+from tests.helpers import PROJ_A, PROJ_A_TURN2, PROJ_B, TITLE, capture, capture_bytes
 
 MARKERS = ("<env>",)
 
@@ -121,14 +115,25 @@ def test_harness_is_the_first_product_token() -> None:
 
 
 SERVER = ServerIdentity(
-    model_path="/m/model.gguf", model_files=(FileIdentity("model.gguf", 100, 1),), build="b0-unknown|x|1|2",
-    chat_template_digest="t", n_ctx=16384, total_slots=1, kv_types="f16/f16", cache=CacheFacts(Family.HYBRID),
+    model_path="/m/model.gguf",
+    model_files=(FileIdentity("model.gguf", 100, 1),),
+    build="b0-unknown|x|1|2",
+    chat_template_digest="t",
+    n_ctx=16384,
+    total_slots=1,
+    kv_types="f16/f16",
+    cache=CacheFacts(Family.HYBRID),
 )
 
 
 def inputs(**changes: object) -> FingerprintInputs:
-    base = FingerprintInputs(server=SERVER, harness="opencode/1.18.33", ocpc_version="0.1.0",
-                             head=head_of(PROJ_A), rendered_head="<rendered>")
+    base = FingerprintInputs(
+        server=SERVER,
+        harness="opencode/1.18.33",
+        ocpc_version="0.1.0",
+        head=head_of(PROJ_A),
+        rendered_head="<rendered>",
+    )
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -139,17 +144,20 @@ def test_fingerprint_is_16_hex_and_stable() -> None:
     assert fingerprint(inputs(head=head_of(PROJ_B))) == fp  # another project, same head
 
 
-@pytest.mark.parametrize("change", [
-    {"server": replace(SERVER, model_files=(FileIdentity("model.gguf", 100, 2),))},
-    {"server": replace(SERVER, model_path="/m/other.gguf")},
-    {"server": replace(SERVER, build="b11500")},
-    {"server": replace(SERVER, chat_template_digest="u")},
-    {"server": replace(SERVER, n_ctx=8192)},
-    {"server": replace(SERVER, kv_types="q8_0/q8_0")},
-    {"harness": "opencode/1.19.0"},
-    {"ocpc_version": "0.2.0"},
-    {"rendered_head": "<other>"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"server": replace(SERVER, model_files=(FileIdentity("model.gguf", 100, 2),))},
+        {"server": replace(SERVER, model_path="/m/other.gguf")},
+        {"server": replace(SERVER, build="b11500")},
+        {"server": replace(SERVER, chat_template_digest="u")},
+        {"server": replace(SERVER, n_ctx=8192)},
+        {"server": replace(SERVER, kv_types="q8_0/q8_0")},
+        {"harness": "opencode/1.19.0"},
+        {"ocpc_version": "0.2.0"},
+        {"rendered_head": "<other>"},
+    ],
+)
 def test_every_input_moves_the_fingerprint(change: dict) -> None:
     assert fingerprint(inputs(**change)) != fingerprint(inputs())
 

@@ -11,20 +11,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import doctor, jsonc
 from oc_prefix_cache import install as install_module
-from oc_prefix_cache.install import plugin as plugin_module
 from oc_prefix_cache.cli import app
+from oc_prefix_cache.commands import doctor
 from oc_prefix_cache.install import (
     InstallError,
     PluginCopy,
     install,
+    jsonc,
     normalise_base_url,
     packaged_plugin,
     plan_edits,
     plugin_version,
     uninstall,
 )
+from oc_prefix_cache.install import plugin as plugin_module
 from oc_prefix_cache.settings import Settings
 
 URL = "http://127.0.0.1:8080"
@@ -47,8 +48,9 @@ JSONC = """// my OpenCode config
 
 
 def run_install(config: Path, **kwargs) -> list[str]:
-    return install(Settings.from_env(), config_path=config, base_url=URL, provider_id="llamacpp",
-                   model="local", **kwargs)
+    return install(
+        Settings.from_env(), config_path=config, base_url=URL, provider_id="llamacpp", model="local", **kwargs
+    )
 
 
 def test_fresh_config_is_created_and_uninstall_removes_it(isolated_home: Path) -> None:
@@ -57,8 +59,8 @@ def test_fresh_config_is_created_and_uninstall_removes_it(isolated_home: Path) -
     data = json.loads(config.read_text())
     plugin_url = data["plugin"][0]
     assert plugin_url.startswith("file://") and plugin_url.endswith("/plugin/ocpc-plugin.js")
-    assert Path(plugin_url[len("file://"):]).is_file()
-    settings_file = Path(plugin_url[len("file://"):]).with_name("ocpc-plugin.json")
+    assert Path(plugin_url[len("file://") :]).is_file()
+    settings_file = Path(plugin_url[len("file://") :]).with_name("ocpc-plugin.json")
     assert json.loads(settings_file.read_text())["baseURL"] == URL
     assert data["provider"]["llamacpp"]["options"]["baseURL"] == URL + "/v1"
     assert data["agent"] == {"title": {"disable": True}}
@@ -89,7 +91,7 @@ def test_user_edits_after_install_survive_uninstall(tmp_path: Path) -> None:
     edited = config.read_text().replace('"model": "llamacpp/qwen"', '"model": "llamacpp/qwen-big"')
     config.write_text(edited)
     uninstall(Settings.from_env(), config_path=config)
-    assert config.read_text() == JSONC.replace("llamacpp/qwen\"", "llamacpp/qwen-big\"")
+    assert config.read_text() == JSONC.replace('llamacpp/qwen"', 'llamacpp/qwen-big"')
 
 
 def test_broken_config_is_refused_untouched(tmp_path: Path) -> None:
@@ -101,21 +103,34 @@ def test_broken_config_is_refused_untouched(tmp_path: Path) -> None:
 
 
 def test_keep_title_and_small_model_leave_titles_alone() -> None:
-    assert not [e for e in plan_edits({}, plugin_url="file:///p.js", base_url=URL, provider_id="x", model="m",
-                                      keep_title=True) if e.key == "agent"]
-    assert not [e for e in plan_edits({"small_model": "x/y"}, plugin_url="file:///p.js", base_url=URL,
-                                      provider_id="x", model="m", keep_title=False) if e.key == "agent"]
+    assert not [
+        e
+        for e in plan_edits({}, plugin_url="file:///p.js", base_url=URL, provider_id="x", model="m", keep_title=True)
+        if e.key == "agent"
+    ]
+    assert not [
+        e
+        for e in plan_edits(
+            {"small_model": "x/y"},
+            plugin_url="file:///p.js",
+            base_url=URL,
+            provider_id="x",
+            model="m",
+            keep_title=False,
+        )
+        if e.key == "agent"
+    ]
 
 
 def test_provider_id_clash_is_an_error() -> None:
     config = {"provider": {"llamacpp": {"options": {"baseURL": "http://elsewhere:1/v1"}}}}
     with pytest.raises(InstallError, match="--provider-id"):
-        plan_edits(config, plugin_url="file:///p.js", base_url=URL, provider_id="llamacpp", model="m",
-                   keep_title=True)
+        plan_edits(config, plugin_url="file:///p.js", base_url=URL, provider_id="llamacpp", model="m", keep_title=True)
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://localhost:8080/v1", "http://127.0.0.1:8080/v1/",
-                                 "HTTP://LOCALHOST:8080/"])
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080", "http://localhost:8080/v1", "http://127.0.0.1:8080/v1/", "HTTP://LOCALHOST:8080/"]
+)
 def test_base_urls_normalise_to_one(url: str) -> None:
     assert normalise_base_url(url) == URL
 
@@ -167,6 +182,7 @@ def test_only_the_host_localhost_is_rewritten() -> None:
 
 
 # --- install defects (issue 9, item 9) ---------------------------------------------------
+
 
 def test_symlinked_config_is_edited_behind_the_link_keeping_its_mode(tmp_path: Path) -> None:
     real = tmp_path / "dotfiles" / "opencode.json"
@@ -255,8 +271,14 @@ def test_uninstall_removes_the_npm_files_install_created(isolated_home: Path, fa
     config = _npm_install(isolated_home)
     folder = config.parent
     said = uninstall(Settings.from_env(), config_path=config)
-    for gone in ("package.json", "package-lock.json", "node_modules/@opencode-ai", "node_modules/zod",
-                 "node_modules/.bin", "node_modules/.package-lock.json"):
+    for gone in (
+        "package.json",
+        "package-lock.json",
+        "node_modules/@opencode-ai",
+        "node_modules/zod",
+        "node_modules/.bin",
+        "node_modules/.package-lock.json",
+    ):
         assert not os.path.lexists(folder / gone), (gone, said)
     assert (folder / "node_modules" / "left-pad" / "index.js").read_text() == "the user's own\n"
     assert any("npm files" in line for line in said), said
@@ -305,10 +327,12 @@ def _plugin(version: str | None) -> bytes:
 @pytest.fixture
 def package_plugin(monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
     """Make this ocpc's own plugin a given version (the real one may not carry a mark yet)."""
+
     def use(version: str | None) -> None:
         copy = PluginCopy("test", _plugin(version))
         monkeypatch.setattr(plugin_module, "packaged_plugin", lambda: copy)  # what install and doctor call
         monkeypatch.setattr(install_module, "packaged_plugin", lambda: copy)  # what `ocpc --version` imports
+
     return use
 
 
@@ -335,7 +359,7 @@ def test_version_prints_the_package_and_the_plugin_it_installs(package_plugin) -
 def _installed_then(isolated_home: Path, installed: bytes | None) -> Path:
     config = isolated_home / "config" / "opencode" / "opencode.json"
     run_install(config)
-    copy = Path(jsonc.loads(config.read_text())["plugin"][0][len("file://"):])
+    copy = Path(jsonc.loads(config.read_text())["plugin"][0][len("file://") :])
     if installed is None:
         copy.unlink()
     else:
@@ -353,8 +377,7 @@ def test_doctor_says_when_the_installed_plugin_is_older(isolated_home: Path, pac
     assert doctor._opencode(Settings.from_env(), config).status == "ok"
 
 
-def test_doctor_says_when_the_installed_plugin_differs_without_versions(isolated_home: Path,
-                                                                         package_plugin) -> None:
+def test_doctor_says_when_the_installed_plugin_differs_without_versions(isolated_home: Path, package_plugin) -> None:
     package_plugin(None)
     config = _installed_then(isolated_home, _plugin(None) + b"// an old build\n")
     check = doctor._opencode(Settings.from_env(), config)
@@ -368,8 +391,7 @@ def test_doctor_fails_when_the_installed_plugin_is_gone(isolated_home: Path, pac
     assert check.status == "fail" and "is missing" in check.detail and "ocpc install" in (check.fix or ""), check
 
 
-def test_doctor_checks_the_plugin_file_the_config_names(isolated_home: Path, tmp_path: Path,
-                                                        package_plugin) -> None:
+def test_doctor_checks_the_plugin_file_the_config_names(isolated_home: Path, tmp_path: Path, package_plugin) -> None:
     package_plugin("0.3.0")
     config = _installed_then(isolated_home, _plugin("0.3.0"))
     elsewhere = tmp_path / "other home" / "ocpc-plugin.js"
@@ -398,11 +420,17 @@ def test_dry_run_writes_nothing_and_shows_the_diff(isolated_home: Path, tmp_path
     the lines and the unified diff of what install would write."""
     config = tmp_path / "opencode.json"
     config.write_text('{\n  "theme": "dark"\n}\n')
-    result = runner.invoke(app, ["install", "--config", str(config), "--dry-run", "--opencode-version", "1.18.33",
-                                 "--base-url", URL])
+    result = runner.invoke(
+        app, ["install", "--config", str(config), "--dry-run", "--opencode-version", "1.18.33", "--base-url", URL]
+    )
     assert result.exit_code == 0, result.output
-    assert "would have copied the plugin" in result.output and "would pre-install @opencode-ai/plugin@1.18.33" in result.output
+    assert (
+        "would have copied the plugin" in result.output
+        and "would pre-install @opencode-ai/plugin@1.18.33" in result.output
+    )
     assert '+  "plugin": [' in result.output and "wrote nothing" in result.output
     assert config.read_text() == '{\n  "theme": "dark"\n}\n' and sorted(p.name for p in tmp_path.iterdir()) == [
-        "home", "opencode.json"]
+        "home",
+        "opencode.json",
+    ]
     assert not Settings.from_env().home.exists() or not any(Settings.from_env().home.iterdir())

@@ -68,8 +68,17 @@ def test_codex_fresh_config_is_created_selected_and_removed(isolated_home: Path)
     config = isolated_home / ".codex" / "config.toml"
     said = codex_install(config)
     data = tomllib.loads(config.read_text())
-    assert data == {"model_provider": "ocpc", "model": "local", "model_providers": {"ocpc": {
-        "name": "ocpc (llama-server through the ocpc proxy)", "base_url": PROXY + "/v1", "wire_api": "responses"}}}
+    assert data == {
+        "model_provider": "ocpc",
+        "model": "local",
+        "model_providers": {
+            "ocpc": {
+                "name": "ocpc (llama-server through the ocpc proxy)",
+                "base_url": PROXY + "/v1",
+                "wire_api": "responses",
+            }
+        },
+    }
     assert any("codex" in line and "ocpc proxy" in line for line in said), said
     assert codex_install(config) == []  # idempotent
     assert any("removed" in line for line in uninstall(settings(), config_path=config, harness="codex"))
@@ -86,7 +95,10 @@ def test_codex_existing_config_keeps_its_text_and_comes_back_byte_for_byte(tmp_p
     assert any("kept your model = 'gpt-5-codex'" in line and "--model" in line for line in said), said  # ...and said
     replaced = [line for line in said if line.startswith("replaced your model_provider = 'openai'")]
     assert replaced and "uninstall" in replaced[0], said
-    assert set(data["model_providers"]) == {"ollama", "ocpc"} and data["mcp_servers"]["docs"]["args"] == ["-y", "docs-mcp"]
+    assert set(data["model_providers"]) == {"ollama", "ocpc"} and data["mcp_servers"]["docs"]["args"] == [
+        "-y",
+        "docs-mcp",
+    ]
     assert "# my Codex setup" in text and "# the one I pay for" in text
     assert text.startswith(CODEX.split("[profiles.fast]")[0].replace('"openai"', '"ocpc"'))  # in place, nothing moved
     uninstall(settings(), config_path=config, harness="codex")
@@ -171,8 +183,9 @@ def test_codex_an_active_profile_with_its_own_provider_is_said(tmp_path: Path) -
     assert any("profile 'work' sets model_provider = 'azure'" in line for line in said), said
 
 
-def test_cli_codex_uses_codex_home_dry_run_and_json(isolated_home: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_codex_uses_codex_home_dry_run_and_json(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CODEX_HOME", str(tmp_path / "codex-home"))
     monkeypatch.setenv("OC_PREFIX_CACHE_PROXY_PORT", "9777")
     config = tmp_path / "codex-home" / "config.toml"
@@ -216,8 +229,11 @@ read:
 def test_aider_fresh_config_is_created_and_removed(isolated_home: Path) -> None:
     config = isolated_home / ".aider.conf.yml"
     said = aider_install(config)
-    assert yaml.safe_load(config.read_text()) == {"model": "openai/local", "openai-api-base": PROXY + "/v1",
-                                                  "openai-api-key": "ocpc-local"}
+    assert yaml.safe_load(config.read_text()) == {
+        "model": "openai/local",
+        "openai-api-base": PROXY + "/v1",
+        "openai-api-key": "ocpc-local",
+    }
     assert any("ocpc proxy" in line for line in said), said
     assert aider_install(config) == []
     uninstall(settings(), config_path=config, harness="aider")
@@ -262,8 +278,11 @@ def test_aider_an_entry_the_user_changed_since_is_kept_and_said(tmp_path: Path) 
     config = tmp_path / ".aider.conf.yml"
     config.write_text(MINE)
     aider_install(config)
-    config.write_text(config.read_text().replace("openai-api-base: http://127.0.0.1:8766/v1",
-                                                 "openai-api-base: http://127.0.0.1:9999/v1"))
+    config.write_text(
+        config.read_text().replace(
+            "openai-api-base: http://127.0.0.1:8766/v1", "openai-api-base: http://127.0.0.1:9999/v1"
+        )
+    )
     said = uninstall(settings(), config_path=config, harness="aider")
     data = yaml.safe_load(config.read_text())
     assert data["model"] == "sonnet" and data["openai-api-base"] == "http://127.0.0.1:9999/v1"
@@ -278,12 +297,15 @@ def test_aider_users_own_key_is_kept(tmp_path: Path) -> None:
     assert yaml.safe_load(config.read_text())["openai-api-key"] == "sk-mine"
 
 
-@pytest.mark.parametrize("original, error", [
-    ("model: [unclosed\n", r"is not valid YAML \(.*line 1"),
-    ("{model: sonnet}\n", "not a block mapping"),
-    ("- model\n- sonnet\n", "is a YAML list, not a mapping"),
-    ("model:\n  name: x\n", "'model' is not a single value"),
-])
+@pytest.mark.parametrize(
+    "original, error",
+    [
+        ("model: [unclosed\n", r"is not valid YAML \(.*line 1"),
+        ("{model: sonnet}\n", "not a block mapping"),
+        ("- model\n- sonnet\n", "is a YAML list, not a mapping"),
+        ("model:\n  name: x\n", "'model' is not a single value"),
+    ],
+)
 def test_aider_configs_it_cannot_edit_are_refused_untouched(tmp_path: Path, original: str, error: str) -> None:
     config = tmp_path / ".aider.conf.yml"
     config.write_text(original)
@@ -301,8 +323,9 @@ def test_aider_plain_scalars_only_when_yaml_reads_them_back() -> None:
     assert scalar("http://127.0.0.1:8766/v1") == "http://127.0.0.1:8766/v1"
 
 
-def test_cli_aider_project_and_the_environment_that_wins(isolated_home: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_aider_project_and_the_environment_that_wins(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_BASE", "http://elsewhere/v1")
     result = runner.invoke(app, ["install", "--harness", "aider", "--project", "--model", "qwen"])

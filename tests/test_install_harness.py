@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import jsonc
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.install import InstallError, install, uninstall
-from oc_prefix_cache.install import claude_code, pi
+from oc_prefix_cache.install import InstallError, claude_code, install, jsonc, pi, uninstall
 from oc_prefix_cache.settings import Settings
 
 runner = CliRunner()
@@ -67,16 +65,22 @@ def env_of(config: Path) -> dict[str, str]:
 
 # --- Claude Code: the env block of its settings file ---------------------------------------
 
+
 def test_claude_fresh_settings_are_created_and_uninstall_removes_them(isolated_home: Path) -> None:
     config = isolated_home / ".claude" / "settings.json"
     said = claude_install(config)
-    assert env_of(config) == {"ANTHROPIC_BASE_URL": PROXY, "ANTHROPIC_AUTH_TOKEN": "ocpc-local",
-                              "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_MODEL_CAPABILITIES": "-mid_conv_system,-per_turn_effort",
-                              "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    assert env_of(config) == {
+        "ANTHROPIC_BASE_URL": PROXY,
+        "ANTHROPIC_AUTH_TOKEN": "ocpc-local",
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        "CLAUDE_CODE_MODEL_CAPABILITIES": "-mid_conv_system,-per_turn_effort",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
     assert any("ocpc proxy" in line for line in said), said
     # the output says what each entry does
-    assert any("CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system,-per_turn_effort: no system" in line
-               for line in said), said
+    assert any(
+        "CLAUDE_CODE_MODEL_CAPABILITIES=-mid_conv_system,-per_turn_effort: no system" in line for line in said
+    ), said
     assert claude_install(config) == []  # idempotent
     assert any("removed" in line for line in uninstall(settings(), config_path=config, harness="claude-code"))
     assert not config.exists()
@@ -97,8 +101,16 @@ def test_claude_existing_settings_keep_every_key_and_come_back_byte_for_byte(tmp
 
 def test_claude_keeps_the_users_token_and_says_when_it_replaces_a_value(tmp_path: Path) -> None:
     config = tmp_path / "settings.json"
-    original = json.dumps({"env": {"ANTHROPIC_API_KEY": "sk-mine", "ANTHROPIC_BASE_URL": "http://10.0.0.5:8080",
-                                   "CLAUDE_CODE_ATTRIBUTION_HEADER": "false"}}, indent=2)
+    original = json.dumps(
+        {
+            "env": {
+                "ANTHROPIC_API_KEY": "sk-mine",
+                "ANTHROPIC_BASE_URL": "http://10.0.0.5:8080",
+                "CLAUDE_CODE_ATTRIBUTION_HEADER": "false",
+            }
+        },
+        indent=2,
+    )
     config.write_text(original)
     said = claude_install(config)
     env = env_of(config)
@@ -111,16 +123,22 @@ def test_claude_keeps_the_users_token_and_says_when_it_replaces_a_value(tmp_path
     assert config.read_text() == original
 
 
-@pytest.mark.parametrize(("mine", "kept"), [
-    ("-mid_conv_system,-per_turn_effort", True), ("opus*=effort;-per_turn_effort,-mid_conv_system", True),
-    ("-mid_conv_system;-per_turn_effort,effort", True), ("-mid_conv_system", False), ("effort", False),
-    ("-mid_conv_system,-per_turn_effort;local=mid_conv_system", False),
-    ("local=-mid_conv_system,-per_turn_effort", False)])
-def test_claude_keeps_the_users_capabilities_and_turns_system_turns_off(tmp_path: Path, mine: str,
-                                                                       kept: bool) -> None:
+@pytest.mark.parametrize(
+    ("mine", "kept"),
+    [
+        ("-mid_conv_system,-per_turn_effort", True),
+        ("opus*=effort;-per_turn_effort,-mid_conv_system", True),
+        ("-mid_conv_system;-per_turn_effort,effort", True),
+        ("-mid_conv_system", False),
+        ("effort", False),
+        ("-mid_conv_system,-per_turn_effort;local=mid_conv_system", False),
+        ("local=-mid_conv_system,-per_turn_effort", False),
+    ],
+)
+def test_claude_keeps_the_users_capabilities_and_turns_system_turns_off(tmp_path: Path, mine: str, kept: bool) -> None:
     """A capability list of the user's is kept: when it does not already turn both kinds of system
-    entries off for every model, ``;-mid_conv_system,-per_turn_effort`` is appended (Claude Code reads later entries over earlier ones),
-    and uninstall gives theirs back."""
+    entries off for every model, ``;-mid_conv_system,-per_turn_effort`` is appended (Claude Code reads later entries
+    over earlier ones), and uninstall gives theirs back."""
     config = tmp_path / "settings.json"
     original = json.dumps({"env": {"CLAUDE_CODE_MODEL_CAPABILITIES": mine}}, indent=2)
     config.write_text(original)
@@ -141,9 +159,13 @@ def test_claude_edited_since_loses_exactly_ocpcs_entries(tmp_path: Path) -> None
     config.write_text(edited)
     said = uninstall(settings(), config_path=config, harness="claude-code")
     assert jsonc.loads(config.read_text()) == {
-        "env": {"ANTHROPIC_BASE_URL": "http://10.0.0.5:8080",  # the user's value, put back
-                "CLAUDE_CODE_ATTRIBUTION_HEADER": "1"},  # changed by the user: theirs now, kept
-        "model": "sonnet", "theme": "dark"}
+        "env": {
+            "ANTHROPIC_BASE_URL": "http://10.0.0.5:8080",  # the user's value, put back
+            "CLAUDE_CODE_ATTRIBUTION_HEADER": "1",
+        },  # changed by the user: theirs now, kept
+        "model": "sonnet",
+        "theme": "dark",
+    }
     assert any("later edits are kept" in line for line in said), said
     assert any("kept env.CLAUDE_CODE_ATTRIBUTION_HEADER" in line for line in said), said
 
@@ -224,12 +246,18 @@ def test_claude_env_that_is_not_an_object_is_refused_untouched(tmp_path: Path) -
 
 # --- pi: a provider in models.json ---------------------------------------------------------
 
+
 def test_pi_fresh_models_json_is_created_and_uninstall_removes_it(isolated_home: Path) -> None:
     config = isolated_home / ".pi" / "agent" / "models.json"
     said = pi_install(config)
     provider = json.loads(config.read_text())["providers"]["ocpc"]  # plain JSON, as pi reads it
-    assert provider == {"baseUrl": PROXY + "/v1", "api": "openai-completions", "apiKey": "ocpc-local",
-                        "compat": {"sendSessionAffinityHeaders": True}, "models": [{"id": "qwen"}]}
+    assert provider == {
+        "baseUrl": PROXY + "/v1",
+        "api": "openai-completions",
+        "apiKey": "ocpc-local",
+        "compat": {"sendSessionAffinityHeaders": True},
+        "models": [{"id": "qwen"}],
+    }
     assert any("pi --provider ocpc --model qwen" in line for line in said), said
     assert pi_install(config) == []  # idempotent
     uninstall(settings(), config_path=config, harness="pi")
@@ -257,9 +285,19 @@ def test_pi_provider_id_that_points_elsewhere_is_refused(tmp_path: Path) -> None
 
 def test_pi_provider_at_the_proxy_is_completed_not_duplicated(tmp_path: Path) -> None:
     config = tmp_path / "models.json"
-    original = json.dumps({"providers": {"mine": {"baseUrl": "http://localhost:8766/v1/", "apiKey": "x",
-                                                  "compat": {"sendSessionAffinityHeaders": False},
-                                                  "models": [{"id": "big"}]}}}, indent=2)
+    original = json.dumps(
+        {
+            "providers": {
+                "mine": {
+                    "baseUrl": "http://localhost:8766/v1/",
+                    "apiKey": "x",
+                    "compat": {"sendSessionAffinityHeaders": False},
+                    "models": [{"id": "big"}],
+                }
+            }
+        },
+        indent=2,
+    )
     config.write_text(original)
     said = pi_install(config, provider_id="mine", model="small")
     provider = jsonc.loads(config.read_text())["providers"]["mine"]
@@ -319,6 +357,7 @@ def test_pi_models_json_deleted_since_install_is_left_deleted(tmp_path: Path) ->
 
 # --- OpenCode: the same path-based fallback ------------------------------------------------
 
+
 def test_opencode_config_reserialised_since_loses_ocpcs_entries(tmp_path: Path) -> None:
     """Before, a snippet not found byte for byte counted as removed by the user: a config
     re-serialised with another indent kept the plugin, the provider and the title switch."""
@@ -332,8 +371,10 @@ def test_opencode_config_reserialised_since_loses_ocpcs_entries(tmp_path: Path) 
 
 # --- the command line ----------------------------------------------------------------------
 
-def test_cli_claude_code_uses_claude_config_dir_and_round_trips(isolated_home: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_cli_claude_code_uses_claude_config_dir_and_round_trips(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = tmp_path / "claude-config"
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(folder))
     monkeypatch.setenv("OC_PREFIX_CACHE_PROXY_PORT", "9777")
@@ -348,8 +389,9 @@ def test_cli_claude_code_uses_claude_config_dir_and_round_trips(isolated_home: P
     assert back.exit_code == 0 and not (folder / "settings.json").exists(), back.output
 
 
-def test_cli_claude_code_project_edits_settings_local(isolated_home: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_claude_code_project_edits_settings_local(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["install", "--harness", "claude-code", "--project"])
     assert result.exit_code == 0, result.output
@@ -360,8 +402,9 @@ def test_cli_claude_code_project_edits_settings_local(isolated_home: Path, tmp_p
     assert not (tmp_path / ".claude" / "settings.local.json").exists()
 
 
-def test_cli_pi_default_path_model_and_refusals(isolated_home: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_pi_default_path_model_and_refusals(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = runner.invoke(app, ["install", "--harness", "pi", "--model", "qwen3.5-2b"])
     assert result.exit_code == 0, result.output
     models = isolated_home / ".pi" / "agent" / "models.json"
@@ -445,7 +488,8 @@ def kilo_install(config: Path, *, provider_id: str = "ocpc", model: str = "qwen"
 
 
 def test_kilo_fresh_config_gets_the_provider_and_the_default_model_and_uninstall_removes_it(
-        isolated_home: Path) -> None:
+    isolated_home: Path,
+) -> None:
     config = isolated_home / "config" / "kilo" / "kilo.json"
     result = runner.invoke(app, ["install", "--harness", "kilo-code", "--model", "qwen"])
     assert result.exit_code == 0, result.output

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from oc_prefix_cache.install import claude_code, pi, uninstall
-from oc_prefix_cache.llama_process import free_port
+from oc_prefix_cache.llama.server_process import free_port
 from oc_prefix_cache.settings import Settings
 
 pytestmark = pytest.mark.rig
@@ -32,7 +32,7 @@ PI = ("@mariozechner/pi-coding-agent", "0.73.1", "pi-0.73.1", "pi")
 
 def npm_binary(package: str, version: str, folder_name: str, name: str) -> Path:
     """The harness from npm, installed once beside the rig cache (fails loudly without npm)."""
-    from .conftest import RIG_DIR
+    from tests.conftest import RIG_DIR
 
     folder = RIG_DIR.parent / folder_name
     binary = folder / "node_modules" / ".bin" / name
@@ -40,8 +40,13 @@ def npm_binary(package: str, version: str, folder_name: str, name: str) -> Path:
         npm = shutil.which("npm")
         assert npm, f"npm is needed to install {package} for this test"
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", f"{package}@{version}"],
-                       cwd=folder, check=True, capture_output=True, timeout=900)
+        subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", f"{package}@{version}"],
+            cwd=folder,
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
     assert binary.exists(), f"{package}@{version} did not provide {binary}"
     return binary
 
@@ -68,14 +73,39 @@ class Stub:
 
 def _sse_anthropic(model: str) -> bytes:
     events = [
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}}),
-        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 10, "output_tokens": 1},
+                },
+            },
+        ),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                           "usage": {"output_tokens": 1}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 1},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
@@ -83,9 +113,11 @@ def _sse_anthropic(model: str) -> bytes:
 
 def _sse_openai(model: str) -> bytes:
     base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model}
-    chunks = [base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
-              base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-              base | {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}}]
+    chunks = [
+        base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
+        base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        base | {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}},
+    ]
     return ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode()
 
 
@@ -101,8 +133,9 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stub]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else {}
-            record.requests.append(Recorded(self.command, self.path,
-                                            {k.lower(): v for k, v in self.headers.items()}, body))
+            record.requests.append(
+                Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
             if self.path.startswith("/v1/messages"):
                 data, kind = _sse_anthropic(str(body.get("model"))), "text/event-stream"
             elif self.path.startswith("/v1/chat/completions"):
@@ -130,12 +163,23 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stub]:
     server.server_close()
 
 
-def run_harness(argv: list[str], *, home: Path, cwd: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_harness(
+    argv: list[str], *, home: Path, cwd: Path, extra_env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     """The harness with a clean environment (as the capture notes ran them), in its own group."""
-    env = {"HOME": str(home), "PATH": os.environ["PATH"], "TERM": "dumb", "LANG": "C.UTF-8", "TZ": "UTC",
-           "USER": "dev", "SHELL": "/bin/bash", "PWD": str(cwd)} | extra_env
-    return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=180, check=False)
+    env = {
+        "HOME": str(home),
+        "PATH": os.environ["PATH"],
+        "TERM": "dumb",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "USER": "dev",
+        "SHELL": "/bin/bash",
+        "PWD": str(cwd),
+    } | extra_env
+    return subprocess.run(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180, check=False
+    )
 
 
 def project(home: Path) -> Path:

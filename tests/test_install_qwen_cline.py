@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import jsonc
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.install import InstallError, cline, qwen_code, uninstall
+from oc_prefix_cache.install import InstallError, cline, jsonc, qwen_code, uninstall
 from oc_prefix_cache.settings import Settings
 
 runner = CliRunner()
@@ -56,10 +55,22 @@ def test_qwen_fresh_settings_are_created_selected_and_removed(isolated_home: Pat
     config = isolated_home / ".qwen" / "settings.json"
     said = qwen_code.install(settings(), config_path=config, model="qwen")
     data = json.loads(config.read_text())
-    assert data == {"$version": 4, "model": {"name": "qwen", "baseUrl": PROXY + "/v1"},
-                    "security": {"auth": {"selectedType": "openai"}}, "env": {"OCPC_API_KEY": "ocpc-local"},
-                    "modelProviders": {"openai": [{"id": "qwen", "name": "qwen (llama-server through the ocpc proxy)",
-                                                   "baseUrl": PROXY + "/v1", "envKey": "OCPC_API_KEY"}]}}
+    assert data == {
+        "$version": 4,
+        "model": {"name": "qwen", "baseUrl": PROXY + "/v1"},
+        "security": {"auth": {"selectedType": "openai"}},
+        "env": {"OCPC_API_KEY": "ocpc-local"},
+        "modelProviders": {
+            "openai": [
+                {
+                    "id": "qwen",
+                    "name": "qwen (llama-server through the ocpc proxy)",
+                    "baseUrl": PROXY + "/v1",
+                    "envKey": "OCPC_API_KEY",
+                }
+            ]
+        },
+    }
     assert any("ocpc proxy" in line for line in said), said
     assert qwen_code.install(settings(), config_path=config, model="qwen") == []
     uninstall(settings(), config_path=config, harness="qwen-code")
@@ -111,8 +122,10 @@ def test_qwen_model_the_user_added_beside_ocpcs_is_kept_and_said(tmp_path: Path)
 
 def test_qwen_model_providers_not_a_list_and_malformed_settings_are_refused_untouched(tmp_path: Path) -> None:
     config = tmp_path / "settings.json"
-    for original, error in (('{"modelProviders": {"openai": {"id": "x"}}}', "not a list of models"),
-                            ('{"model": {"name": "x"},', "is not valid JSON")):
+    for original, error in (
+        ('{"modelProviders": {"openai": {"id": "x"}}}', "not a list of models"),
+        ('{"model": {"name": "x"},', "is not valid JSON"),
+    ):
         config.write_text(original)
         with pytest.raises(InstallError, match=error):
             qwen_code.install(settings(), config_path=config)
@@ -121,20 +134,28 @@ def test_qwen_model_providers_not_a_list_and_malformed_settings_are_refused_unto
 
 # --- Cline: providers.json --------------------------------------------------------------------
 
+
 def cline_rewrites(config: Path, *, stamp: str = "2031-01-01T00:00:00.000Z") -> None:
     """What Cline 3.0.65 does to the file on a run: `modes` added, the used provider's
     `updatedAt` refreshed, the whole re-serialised by JSON.stringify(_, null, 2)."""
     data: dict[str, Any] = jsonc.loads(config.read_text())
-    ordered = {"version": data["version"], "lastUsedProvider": data.get("lastUsedProvider"),
-               "modes": data.get("modes", {}), "providers": data["providers"]}
+    ordered = {
+        "version": data["version"],
+        "lastUsedProvider": data.get("lastUsedProvider"),
+        "modes": data.get("modes", {}),
+        "providers": data["providers"],
+    }
     used = ordered["providers"].get(ordered["lastUsedProvider"])
     if used is not None:
         used["updatedAt"] = stamp
     config.write_text(json.dumps({k: v for k, v in ordered.items() if v is not None}, indent=2))
 
 
-ANTHROPIC = {"settings": {"provider": "anthropic", "apiKey": "sk-ant-secret", "model": "claude-sonnet-4"},
-             "updatedAt": "2026-01-02T03:04:05.000Z", "tokenSource": "manual"}
+ANTHROPIC = {
+    "settings": {"provider": "anthropic", "apiKey": "sk-ant-secret", "model": "claude-sonnet-4"},
+    "updatedAt": "2026-01-02T03:04:05.000Z",
+    "tokenSource": "manual",
+}
 
 
 def test_cline_fresh_providers_json_has_clines_shape_and_goes_after_cline_rewrote_it(isolated_home: Path) -> None:
@@ -143,8 +164,12 @@ def test_cline_fresh_providers_json_has_clines_shape_and_goes_after_cline_rewrot
     data = json.loads(config.read_text())
     entry = data["providers"]["openai-compatible"]
     assert data["version"] == 1 and data["lastUsedProvider"] == "openai-compatible" and data["modes"] == {}
-    assert entry["settings"] == {"provider": "openai-compatible", "apiKey": "ocpc-local", "model": "qwen",
-                                 "baseUrl": PROXY + "/v1"}
+    assert entry["settings"] == {
+        "provider": "openai-compatible",
+        "apiKey": "ocpc-local",
+        "model": "qwen",
+        "baseUrl": PROXY + "/v1",
+    }
     assert entry["tokenSource"] == "manual" and entry["updatedAt"].endswith("Z")  # as Cline's schema wants
     assert any("ocpc proxy" in line for line in said), said
     cline_rewrites(config)
@@ -155,11 +180,27 @@ def test_cline_fresh_providers_json_has_clines_shape_and_goes_after_cline_rewrot
 
 def test_cline_users_provider_and_choice_are_replaced_said_and_put_back(tmp_path: Path) -> None:
     config = tmp_path / "providers.json"
-    original = json.dumps({"version": 1, "lastUsedProvider": "anthropic", "modes": {},
-                           "providers": {"anthropic": ANTHROPIC, "openai-compatible": {
-                               "settings": {"provider": "openai-compatible", "apiKey": "sk-ollama", "model": "llama3",
-                                            "baseUrl": "http://localhost:11434/v1"},
-                               "updatedAt": "2026-01-02T03:04:05.000Z", "tokenSource": "manual"}}}, indent=2)
+    original = json.dumps(
+        {
+            "version": 1,
+            "lastUsedProvider": "anthropic",
+            "modes": {},
+            "providers": {
+                "anthropic": ANTHROPIC,
+                "openai-compatible": {
+                    "settings": {
+                        "provider": "openai-compatible",
+                        "apiKey": "sk-ollama",
+                        "model": "llama3",
+                        "baseUrl": "http://localhost:11434/v1",
+                    },
+                    "updatedAt": "2026-01-02T03:04:05.000Z",
+                    "tokenSource": "manual",
+                },
+            },
+        },
+        indent=2,
+    )
     config.write_text(original)
     said = cline.install(settings(), config_path=config)
     replaced = [line for line in said if line.startswith("replaced your")]
@@ -186,7 +227,9 @@ def test_cline_provider_the_user_repointed_since_is_kept_and_said(tmp_path: Path
     data["providers"]["openai-compatible"]["settings"]["baseUrl"] = "http://10.0.0.5:8080/v1"
     config.write_text(json.dumps(data, indent=2))
     said = uninstall(settings(), config_path=config, harness="cline")
-    assert json.loads(config.read_text())["providers"]["openai-compatible"]["settings"]["baseUrl"].startswith("http://10.")
+    assert json.loads(config.read_text())["providers"]["openai-compatible"]["settings"]["baseUrl"].startswith(
+        "http://10."
+    )
     assert any("kept providers.openai-compatible: you changed it since install" in line for line in said), said
 
 
@@ -199,8 +242,9 @@ def test_cline_unknown_version_and_malformed_files_are_refused_untouched(tmp_pat
         assert config.read_text() == original
 
 
-def test_cli_cline_follows_clines_own_variables(isolated_home: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_cline_follows_clines_own_variables(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CLINE_DIR", str(tmp_path / "cline-dir"))
     result = runner.invoke(app, ["install", "--harness", "cline", "--model", "qwen"])
     assert result.exit_code == 0, result.output

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from oc_prefix_cache import doctor, jsonc
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.install import install, uninstall
+from oc_prefix_cache.commands import doctor
+from oc_prefix_cache.install import install, jsonc, uninstall
 from oc_prefix_cache.install.opencode import TITLE_BACK, TITLE_KEPT, TITLE_OFF
 from oc_prefix_cache.settings import Settings
 
@@ -36,8 +36,14 @@ WITH_AGENTS = """{
 
 
 def run_install(config: Path, *, keep_title: bool = False) -> list[str]:
-    return install(Settings.from_env(), config_path=config, base_url=URL, provider_id="llamacpp",
-                   model="local", keep_title=keep_title)
+    return install(
+        Settings.from_env(),
+        config_path=config,
+        base_url=URL,
+        provider_id="llamacpp",
+        model="local",
+        keep_title=keep_title,
+    )
 
 
 def title_of(config: Path) -> object:

@@ -14,11 +14,10 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.launch import Flag, build_advice, build_argv, supported_options
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
-
-from .helpers import SUITE_WAIT_S
+from oc_prefix_cache.commands.launch import Flag, build_advice, build_argv, supported_options
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
+from tests.helpers import SUITE_WAIT_S
 
 
 def alive(pid: int) -> bool:
@@ -53,8 +52,19 @@ def test_launch_starts_both_and_sigterm_stops_both(models, tmp_path: Path) -> No
     port, daemon_port = free_port(), free_port()
     env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port)}
     home = Path(env["OC_PREFIX_CACHE_HOME"])
-    cmd = [sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m", str(models["qwen35"]),
-           "--", "-c", "8192"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "oc_prefix_cache",
+        "launch",
+        "--port",
+        str(port),
+        "-m",
+        str(models["qwen35"]),
+        "--",
+        "-c",
+        "8192",
+    ]
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -88,10 +98,14 @@ def test_launch_starts_both_and_sigterm_stops_both(models, tmp_path: Path) -> No
 
 
 def test_argv_keeps_user_flags_and_skips_unknown_ones() -> None:
-    flags = [Flag(("--metrics",), None, "why"), Flag(("-np", "--parallel"), "1", "why"),
-             Flag(("--new-flag",), "3", "why")]
-    argv, notes = build_argv(Path("/bin/ls"), Path("m.gguf"), flags, {"--metrics", "-np", "--parallel"},
-                             ["--parallel", "4"])
+    flags = [
+        Flag(("--metrics",), None, "why"),
+        Flag(("-np", "--parallel"), "1", "why"),
+        Flag(("--new-flag",), "3", "why"),
+    ]
+    argv, notes = build_argv(
+        Path("/bin/ls"), Path("m.gguf"), flags, {"--metrics", "-np", "--parallel"}, ["--parallel", "4"]
+    )
     assert argv == ["/bin/ls", "-m", "m.gguf", "--metrics", "--parallel", "4"]
     assert any("yours" in n for n in notes) and any("does not know" in n for n in notes)
 
@@ -116,7 +130,11 @@ def test_a_killed_launcher_leaves_no_server_behind(models, tmp_path: Path) -> No
     with open(tmp_path / "launch.log", "wb") as out:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m", str(models["qwen3"])],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         runtime = home / f"server-{port}.json"
         wait_for(runtime.exists)
@@ -139,7 +157,8 @@ if "--version" in args:
     sys.stderr.write("version: 9999 (stub)\\n")
     sys.exit(0)
 if "--help" in args:
-    print("--host --port --slot-save-path -np --parallel --ctx-checkpoints --checkpoint-min-step -ub --cache-ram --metrics")
+    print("--host --port --slot-save-path -np --parallel --ctx-checkpoints --checkpoint-min-step -ub --cache-ram "
+          "--metrics")
     sys.exit(0)
 pathlib.Path(os.environ["STUB_STARTED"]).write_text(" ".join(args))
 class Health(http.server.BaseHTTPRequestHandler):
@@ -153,9 +172,14 @@ http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Healt
 '''
 
 
-@pytest.mark.parametrize(("name", "value"), [("OC_PREFIX_CACHE_DAEMON_PORT", "70000"),
-                                             ("OC_PREFIX_CACHE_PROXY_PORT", "65536"),
-                                             ("OC_PREFIX_CACHE_MAX_GB", "1e300")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("OC_PREFIX_CACHE_DAEMON_PORT", "70000"),
+        ("OC_PREFIX_CACHE_PROXY_PORT", "65536"),
+        ("OC_PREFIX_CACHE_MAX_GB", "1e300"),
+    ],
+)
 def test_launch_refuses_bad_settings_before_it_starts_llama_server(tmp_path: Path, name: str, value: str) -> None:
     """OC_PREFIX_CACHE_DAEMON_PORT=70000 passed the settings, `ocpc launch` started llama-server,
     and the daemon's bind died with an OverflowError traceback that tore the server down. Now
@@ -167,8 +191,18 @@ def test_launch_refuses_bad_settings_before_it_starts_llama_server(tmp_path: Pat
     model.write_bytes(b"not a model")
     started = tmp_path / "started"
     env = {**os.environ, "STUB_STARTED": str(started), name: value}
-    cmd = [sys.executable, "-m", "oc_prefix_cache", "launch", "--server-bin", str(stub), "-m", str(model),
-           "--port", str(free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "oc_prefix_cache",
+        "launch",
+        "--server-bin",
+        str(stub),
+        "-m",
+        str(model),
+        "--port",
+        str(free_port()),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, start_new_session=True)
     said = done.stdout + done.stderr
     assert done.returncode == 1 and name in said and "Traceback" not in said, said
@@ -176,7 +210,11 @@ def test_launch_refuses_bad_settings_before_it_starts_llama_server(tmp_path: Pat
 
 
 def test_launch_refuses_a_server_port_out_of_range(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "launch", "--port", "70000"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "launch", "--port", "70000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--port" in done.stderr and "65535" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr

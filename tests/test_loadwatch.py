@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import respx
 
-from oc_prefix_cache.prepare import Preparer
-from oc_prefix_cache.router import LoadWatch
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.doors.router import LoadWatch
+from oc_prefix_cache.engine.prepare import Preparer
+from oc_prefix_cache.engine.tracker import Holding, Observation, SlotTracker
+from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.store import Store
-from oc_prefix_cache.tracker import Holding, Observation, SlotTracker
 
 ROUTER = "http://127.0.0.1:9"
 
@@ -30,8 +30,12 @@ def models(**status: str) -> dict[str, Any]:
 def preparer(tmp_path: Path, tracker: SlotTracker, model: str) -> Preparer:
     """A model's real Preparer behind the router (it calls nothing until asked to prepare)."""
     settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
-    return Preparer(settings=settings, client=SlotClient(ROUTER, model=model), tracker=tracker,
-                    store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+    return Preparer(
+        settings=settings,
+        client=SlotClient(ROUTER, model=model),
+        tracker=tracker,
+        store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+    )
 
 
 def test_a_model_loaded_and_unloaded_between_two_looks_loses_what_ocpc_knew_of_it(tmp_path: Path) -> None:
@@ -40,8 +44,9 @@ def test_a_model_loaded_and_unloaded_between_two_looks_loses_what_ocpc_knew_of_i
     `top` for as long as it stayed unloaded."""
     tracker = SlotTracker()
     made: dict[str, Preparer] = {}
-    watch = LoadWatch(ROUTER, preparer_for=lambda m: made.setdefault(m, preparer(tmp_path, tracker, m)),
-                      made=made.get, enabled=False)
+    watch = LoadWatch(
+        ROUTER, preparer_for=lambda m: made.setdefault(m, preparer(tmp_path, tracker, m)), made=made.get, enabled=False
+    )
     with respx.mock:
         route = respx.get(f"{ROUTER}/models")
         route.return_value = httpx.Response(200, json=models(a="unloaded", b="unloaded"))

@@ -12,7 +12,7 @@ def record(msg: str, *args: object) -> logging.LogRecord:
 
 
 def test_a_session_id_with_a_newline_does_not_forge_a_log_line() -> None:
-    session = 'user_1_account__session_x\n2026-12-03 10:00:00,000 ERROR ocpc.proxy: forged\x1b[31m\u2028'
+    session = "user_1_account__session_x\n2026-12-03 10:00:00,000 ERROR ocpc.proxy: forged\x1b[31m\u2028"
     line = OneLine(FORMAT).format(record("parked %s (slot %d): %s", session, 0, "ok"))
     assert "\n" not in line and "\x1b" not in line and "\u2028" not in line
     assert "session_x\\n2026-12-03 10:00:00,000 ERROR" in line and "\\x1b[31m\\u2028" in line
@@ -23,6 +23,7 @@ def test_a_traceback_keeps_its_lines_and_the_record_is_left_as_it_was() -> None:
         raise ValueError("bad\nvalue")
     except ValueError:
         import sys
+
         rec = logging.LogRecord("ocpc.proxy", logging.ERROR, __file__, 1, "failed for %s", ("a\nb",), sys.exc_info())
     text = OneLine(FORMAT).format(rec)
     first, *rest = text.split("\n")

@@ -25,13 +25,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import doctor, router, server_info, status, top
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.process import Supervised
+from oc_prefix_cache.commands import doctor, status, top
+from oc_prefix_cache.doors import router
+from oc_prefix_cache.llama import server_info
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.supervisor import Supervised
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-
-from .proxy_stub import NO_PROXY_VARS, PROXY_VARS, RecordingProxy
+from tests.proxy_stub import NO_PROXY_VARS, PROXY_VARS, RecordingProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MAKERS = {"Client", "AsyncClient", "get", "post", "put", "patch", "delete", "head", "options", "request", "stream"}
 FACTORY = "oc_prefix_cache/loopback.py"
 # downloads from PyPI go outward and keep honouring the proxy variables (a workplace needs them)
-OUTWARD = {"oc_prefix_cache/rig.py", "oc_prefix_cache/realmodels.py"}
+OUTWARD = {"oc_prefix_cache/rig/build.py", "oc_prefix_cache/rig/real_models.py"}
 
 
 def _violations(source: str, rel: str) -> list[str]:
@@ -60,8 +61,10 @@ def _violations(source: str, rel: str) -> list[str]:
             continue
         owner = node.func.value
         if isinstance(owner, ast.Name) and owner.id in modules and node.func.attr in MAKERS:
-            trusts = not any(k.arg == "trust_env" and isinstance(k.value, ast.Constant) and k.value.value is False
-                             for k in node.keywords)
+            trusts = not any(
+                k.arg == "trust_env" and isinstance(k.value, ast.Constant) and k.value.value is False
+                for k in node.keywords
+            )
             if rel == FACTORY and node.func.attr in ("Client", "AsyncClient") and not trusts:
                 continue  # the factory itself, with trust_env=False
             if rel in OUTWARD and node.func.attr in ("Client", "AsyncClient"):
@@ -72,30 +75,42 @@ def _violations(source: str, rel: str) -> list[str]:
 
 def test_no_http_client_is_built_outside_the_loopback_factory() -> None:
     """Every httpx client or request in the package and the benches comes from loopback.py (which
-    builds each with trust_env=False), but the outward downloads (rig.py, realmodels.py)."""
+    builds each with trust_env=False), but the outward downloads (rig/build.py, rig/real_models.py)."""
     files = sorted((ROOT / "oc_prefix_cache").rglob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
     assert len(files) > 50, files
     found = [v for path in files for v in _violations(path.read_text(), path.relative_to(ROOT).as_posix())]
-    assert not found, ("an httpx client or request outside oc_prefix_cache/loopback.py honours HTTP_PROXY & co.: "
-                       "ocpc's loopback calls (prompts in them) would go to that proxy; use loopback.client/get/post:\n"
-                       + "\n".join(found))
+    assert not found, (
+        "an httpx client or request outside oc_prefix_cache/loopback.py honours HTTP_PROXY & co.: "
+        "ocpc's loopback calls (prompts in them) would go to that proxy; use loopback.client/get/post:\n"
+        + "\n".join(found)
+    )
 
 
 def test_the_factory_is_all_trust_env_false_and_the_guard_sees_a_stray_call() -> None:
     factory = (ROOT / FACTORY).read_text()
     tree = ast.parse(factory)
-    built = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in ("Client", "AsyncClient")]
-    assert built and all(any(k.arg == "trust_env" and getattr(k.value, "value", None) is False for k in n.keywords)
-                         for n in built)
-    stray = ("import httpx as h\nfrom httpx import get\n\n\ndef f():\n"
-             "    return h.get('http://127.0.0.1:1/'), h.Client(trust_env=False)\n")
+    built = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("Client", "AsyncClient")
+    ]
+    assert built and all(
+        any(k.arg == "trust_env" and getattr(k.value, "value", None) is False for k in n.keywords) for n in built
+    )
+    stray = (
+        "import httpx as h\nfrom httpx import get\n\n\ndef f():\n"
+        "    return h.get('http://127.0.0.1:1/'), h.Client(trust_env=False)\n"
+    )
     assert [v.split(": ", 1)[1] for v in _violations(stray, "oc_prefix_cache/stray.py")] == [
-        "from httpx import get", "httpx.get(...)", "httpx.Client(...)"]
+        "from httpx import get",
+        "httpx.get(...)",
+        "httpx.Client(...)",
+    ]
     # an outward download may build its own client; anything else there may not
-    assert _violations("import httpx\nhttpx.Client(follow_redirects=True)\n", "oc_prefix_cache/rig.py") == []
-    assert _violations("import httpx\nhttpx.get('https://pypi.org')\n", "oc_prefix_cache/rig.py") == [
-        "oc_prefix_cache/rig.py:2: httpx.get(...)"]
+    assert _violations("import httpx\nhttpx.Client(follow_redirects=True)\n", "oc_prefix_cache/rig/build.py") == []
+    assert _violations("import httpx\nhttpx.get('https://pypi.org')\n", "oc_prefix_cache/rig/build.py") == [
+        "oc_prefix_cache/rig/build.py:2: httpx.get(...)"
+    ]
 
 
 # -- each loopback path, with every proxy variable pointing at a recording stub -------------------
@@ -159,8 +174,12 @@ def behind_a_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingProxy]:
 
 def _settings(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     port = url.rsplit(":", 1)[1]
-    env = {"OC_PREFIX_CACHE_BASE_URL": url, "OC_PREFIX_CACHE_DAEMON_PORT": port,
-           "OC_PREFIX_CACHE_PROXY_PORT": port, "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")}
+    env = {
+        "OC_PREFIX_CACHE_BASE_URL": url,
+        "OC_PREFIX_CACHE_DAEMON_PORT": port,
+        "OC_PREFIX_CACHE_PROXY_PORT": port,
+        "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)  # `ocpc park` reads them from the environment
     return Settings.from_env(env)
@@ -178,8 +197,9 @@ def _park(url: str, settings: Settings) -> Any:
 
 
 def _health_wait(url: str, settings: Settings) -> Any:
-    child = Supervised("stand-in", [sys.executable, "-c", "import time; time.sleep(30)"], f"{url}/health",
-                       settings.home / "child.log")
+    child = Supervised(
+        "stand-in", [sys.executable, "-c", "import time; time.sleep(30)"], f"{url}/health", settings.home / "child.log"
+    )
     settings.home.mkdir(parents=True, exist_ok=True)
     try:
         child.start(timeout=5.0)
@@ -205,7 +225,8 @@ PATHS: dict[str, Callable[[str, Settings], Any]] = {
 
 @pytest.mark.parametrize("name", list(PATHS))
 def test_each_loopback_path_goes_directly_whatever_the_proxy_variables_say(
-        name: str, stand: str, behind_a_proxy: RecordingProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, stand: str, behind_a_proxy: RecordingProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = _settings(stand, tmp_path, monkeypatch)
     result = PATHS[name](stand, settings)
     reached = [hit.line for hit in behind_a_proxy.take()]

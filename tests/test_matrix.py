@@ -6,7 +6,7 @@ from PyPI: b11393 (version 3) and b10502 (version 2), each with only ``llama-ser
 made by b11434's ``test-llama-archs`` do not load on b10502, so the matrix runs the real Gemma 3
 270M (a sliding-window model: ``--swa-full``, as `ocpc launch` gives it), which loads on all three.
 
-Per build, the core of what a user depends on: the self-test at first contact (capability.py),
+Per build, the core of what a user depends on: the self-test at first contact (engine/capability.py),
 a new session warmed once and the next restored, a new session after a server restart restored
 from the file (gated), and a conversation parked by another project that comes back with only its
 new tokens. Marker ``matrix``; `tests/run.sh` runs it on every build in CI.
@@ -22,15 +22,14 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache.llama_process import LlamaServer, ServerConfig, free_port
-from oc_prefix_cache.realmodels import REAL_MODELS
-from oc_prefix_cache.rig import MATRIX_BUILDS, PINNED_BUILD, ensure_matrix_server, matrix_server
+from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
+from oc_prefix_cache.rig.build import MATRIX_BUILDS, PINNED_BUILD, ensure_matrix_server, matrix_server
+from oc_prefix_cache.rig.real_models import REAL_MODELS
 from oc_prefix_cache.settings import Settings
-
-from . import workload
-from .conftest import RIG_DIR
-from .helpers import TEST_SERVER_ARGS
-from .test_parking import DISK_ONLY, FLAGS, Turns
+from tests import workload
+from tests.conftest import RIG_DIR
+from tests.helpers import TEST_SERVER_ARGS
+from tests.test_parking import DISK_ONLY, FLAGS, Turns
 
 pytestmark = [pytest.mark.rig, pytest.mark.matrix]
 BUILDS = [PINNED_BUILD, *MATRIX_BUILDS]
@@ -55,10 +54,14 @@ def gemma(build: str, models: dict[str, Path], family_args: Any, tmp_path: Path)
     started: list[LlamaServer] = []
 
     def start(*, extra: tuple[str, ...] = ()) -> tuple[LlamaServer, Turns]:
-        config = ServerConfig(binary=matrix_server(rig_settings(), build), model=models["gemma3"], port=free_port(),
-                              slot_dir=tmp_path / "ocpc" / "slots", ctx_size=16384,
-                              extra_args=(*REAL_MODELS["gemma3"].server_args, *TEST_SERVER_ARGS, *FLAGS,
-                                          *family_args("gemma3"), *extra))
+        config = ServerConfig(
+            binary=matrix_server(rig_settings(), build),
+            model=models["gemma3"],
+            port=free_port(),
+            slot_dir=tmp_path / "ocpc" / "slots",
+            ctx_size=16384,
+            extra_args=(*REAL_MODELS["gemma3"].server_args, *TEST_SERVER_ARGS, *FLAGS, *family_args("gemma3"), *extra),
+        )
         server = LlamaServer(config=config, log_path=tmp_path / f"llama-server-{len(started)}.log")
         started.append(server)
         server.start()
@@ -93,8 +96,7 @@ def test_a_build_is_used_after_its_self_test_and_its_heads_serve_after_a_restart
     t.close()
 
 
-def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_tokens(gemma: Any,
-                                                                                       build: str) -> None:
+def test_a_conversation_parked_by_another_project_comes_back_with_only_its_new_tokens(gemma: Any, build: str) -> None:
     server, t = gemma(extra=DISK_ONLY)
     parent, other = workload.shortened(workload.parent()), workload.shortened(workload.other_project())
     for _ in range(2):

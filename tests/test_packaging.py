@@ -23,12 +23,11 @@ import pytest
 
 from oc_prefix_cache import __version__, loopback
 from oc_prefix_cache.install import plugin_version
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
-from oc_prefix_cache.rig import Rig
-
-from .helpers import SUITE_WAIT_S
-from .proxy_stub import PROXY_VARS
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
+from oc_prefix_cache.rig.build import Rig
+from tests.helpers import SUITE_WAIT_S
+from tests.proxy_stub import PROXY_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "plugin-js" / "ocpc-plugin.js"
@@ -48,9 +47,14 @@ class Dists:
 def _pip_env(root: Path) -> dict[str, str]:
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
-            "PIP_CACHE_DIR": str(root / "pip-cache"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "LANG": "C.UTF-8"}
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "PIP_CACHE_DIR": str(root / "pip-cache"),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "LANG": "C.UTF-8",
+    }
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +62,16 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     """sdist, then the wheel from the sdist (`python -m build`), from the checkout's files as
     a clean clone has them: nothing generated in the tree can leak into the wheel."""
     root = tmp_path_factory.mktemp("dists")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     clone = root / "clone"
     for name in filter(None, listed):
         source = ROOT / name
@@ -68,8 +80,14 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
             (clone / name).write_bytes(source.read_bytes())
     out = root / "dist"
     env = _pip_env(root)
-    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(clone)], env=env,
-                           capture_output=True, text=True, timeout=600, check=False)
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(clone)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return Dists(next(out.glob("*.tar.gz")), next(out.glob("*.whl")), clone, env)
 
@@ -114,8 +132,15 @@ class FreshVenv:
     cwd: Path  # an empty folder: no checkout on sys.path
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.bin / "ocpc"), *args], env=self.env, cwd=self.cwd,
-                              capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            [str(self.bin / "ocpc"), *args],
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert not check or proc.returncode == 0, f"ocpc {' '.join(args)}: {proc.stdout}{proc.stderr}"
         return proc
 
@@ -133,29 +158,47 @@ def fresh_venv(dists: Dists, tmp_path: Path) -> FreshVenv:
     started = time.monotonic()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(dists.wheel)],
-                               env=dists.pip_env, capture_output=True, text=True, timeout=600, check=False)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(dists.wheel)],
+        env=dists.pip_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
     home = tmp_path / "user"
     for sub in ("config", "data", "cache", "state"):
         (home / sub).mkdir(parents=True)
     cwd = tmp_path / "work"
     cwd.mkdir()
-    env = {"PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(home), "LANG": "C.UTF-8",
-           "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data"),
-           "XDG_CACHE_HOME": str(home / "cache"), "XDG_STATE_HOME": str(home / "state"),
-           "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
-           # nothing listens here: status and doctor must report that, not find a real server
-           "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{free_port()}",
-           "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port())}
+    env = {
+        "PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_STATE_HOME": str(home / "state"),
+        "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
+        # nothing listens here: status and doctor must report that, not find a real server
+        "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{free_port()}",
+        "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+    }
     print(f"fresh venv from the wheel in {time.monotonic() - started:.1f} s")
     return FreshVenv(venv / "bin", _plugin(dists), env, home, tmp_path / "ocpc", cwd)
 
 
 def test_wheel_in_a_fresh_venv_installs_checks_and_uninstalls(fresh_venv: FreshVenv) -> None:
     v = fresh_venv
-    where = subprocess.run([str(v.bin / "python"), "-c", "import oc_prefix_cache; print(oc_prefix_cache.__file__)"],
-                           env=v.env, cwd=v.cwd, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(v.bin / "python"), "-c", "import oc_prefix_cache; print(oc_prefix_cache.__file__)"],
+        env=v.env,
+        cwd=v.cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(v.bin.parent)), f"ocpc was imported from {where}, not from the fresh venv"
 
     expected = plugin_version(v.plugin) or "(no version mark)"
@@ -189,14 +232,33 @@ def test_wheel_in_a_fresh_venv_launches(fresh_venv: FreshVenv, rig: Rig, models:
     v = fresh_venv
     port = free_port()
     # the run's proxy stub too (tests/proxy_stub.py): the installed ocpc must reach its server directly
-    env = {**v.env, **{k: os.environ[k] for k in PROXY_VARS if k in os.environ},
-           "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        **v.env,
+        **{k: os.environ[k] for k in PROXY_VARS if k in os.environ},
+        "OC_PREFIX_CACHE_BASE_URL": f"http://127.0.0.1:{port}",
+    }
     log = v.cwd / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen(
-            [str(v.bin / "ocpc"), "launch", "--port", str(port), "--server-bin", str(rig.server),
-             "-m", str(models["qwen35"]), "--", "-c", "8192"],
-            env=env, cwd=v.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(v.bin / "ocpc"),
+                "launch",
+                "--port",
+                str(port),
+                "--server-bin",
+                str(rig.server),
+                "-m",
+                str(models["qwen35"]),
+                "--",
+                "-c",
+                "8192",
+            ],
+            env=env,
+            cwd=v.cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         daemon = f"http://127.0.0.1:{env['OC_PREFIX_CACHE_DAEMON_PORT']}/health"
         deadline = time.monotonic() + SUITE_WAIT_S

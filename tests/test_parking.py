@@ -21,15 +21,14 @@ import pytest
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.prepare import Preparer, PrepareResult
-from oc_prefix_cache.server_info import server_command
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.disk.slotfile import read_header
+from oc_prefix_cache.engine.prepare import Preparer, PrepareResult
+from oc_prefix_cache.llama.client import SlotClient, Timings
+from oc_prefix_cache.llama.server_info import server_command
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient, Timings
-from oc_prefix_cache.slotfile import read_header
-from oc_prefix_cache.store import Store
-
-from . import workload
-from .helpers import SUITE_WAIT_S, chat
+from tests import workload
+from tests.helpers import SUITE_WAIT_S, chat
 
 pytestmark = pytest.mark.rig
 BOTH = pytest.mark.parametrize("model", ["qwen35", "qwen3"])
@@ -49,8 +48,11 @@ class Turns:
         self.url = url
         self.settings = settings or Settings.from_env(dict(os.environ))
         self.client = SlotClient(url)
-        self.preparer = Preparer(settings=self.settings, client=self.client,
-                                 store=Store(index_path=self.settings.index_path, lock_path=self.settings.lock_path))
+        self.preparer = Preparer(
+            settings=self.settings,
+            client=self.client,
+            store=Store(index_path=self.settings.index_path, lock_path=self.settings.lock_path),
+        )
         self.prompts: dict[str, int] = {}
 
     def turn(self, conv: workload.Conversation, *, body: dict[str, Any] | None = None) -> tuple[PrepareResult, Timings]:
@@ -59,8 +61,13 @@ class Turns:
         result = self.preparer.prepare(raw, conv.headers())
         timings = chat(self.url, body)
         if result.prepare_id:  # as the proxy does (a skipped title's report marks its slot)
-            self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n, prompt_n=timings.prompt_n,
-                                 prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+            self.preparer.report(
+                fingerprint=result.fingerprint,
+                cache_n=timings.cache_n,
+                prompt_n=timings.prompt_n,
+                prepare_id=result.prepare_id,
+                predicted_n=timings.predicted_n,
+            )
         self.new_tokens = timings.cache_n + timings.prompt_n - self.prompts.get(conv.session, 0)
         self.prompts[conv.session] = timings.cache_n + timings.prompt_n
         return result, timings
@@ -144,12 +151,14 @@ def test_a_graceful_restart_parks_the_live_conversation(turns, model: str) -> No
 
 
 @BOTH
-def test_an_idle_conversation_is_parked_ahead_so_its_displacement_writes_nothing(turns, monkeypatch, model: str) -> None:
-    """Park ahead (ahead.py): a conversation idle after its turn, whose park costs more than
+def test_an_idle_conversation_is_parked_ahead_so_its_displacement_writes_nothing(
+    turns, monkeypatch, model: str
+) -> None:
+    """Park ahead (engine/park_ahead.py): a conversation idle after its turn, whose park costs more than
     OC_PREFIX_CACHE_PARK_AHEAD_S to write, is parked by the between-requests watch; the
     subagent that then displaces it writes no park, and the conversation comes back from the
     park with only its new tokens. A conversation going on before the watch is left alone."""
-    from oc_prefix_cache import ahead
+    from oc_prefix_cache.engine import park_ahead as ahead
 
     monkeypatch.setattr(ahead, "IDLE_S", 0.0)  # the tool gap, shortened
     server, t = turns(model, extra_args=(*FLAGS, *DISK_ONLY))
@@ -189,8 +198,13 @@ def test_a_busy_slot_does_not_spend_the_whole_stop_budget_of_the_others(turns) -
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         result = t.preparer.prepare(raw, parent.headers(), slot=1)
         timings = chat(server.url, body)
-        t.preparer.report(fingerprint=result.fingerprint or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
-                          prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+        t.preparer.report(
+            fingerprint=result.fingerprint or "",
+            cache_n=timings.cache_n,
+            prompt_n=timings.prompt_n,
+            prepare_id=result.prepare_id,
+            predicted_n=timings.predicted_n,
+        )
     t.preparer.view.observe(0)  # slot 0 known to the tracker, then held by a prepare that does not end
     held, release = threading.Event(), threading.Event()
 
@@ -275,7 +289,8 @@ def test_a_park_that_cannot_be_written_displaces_nothing(turns) -> None:
     t.turn(parent)
     with respx.mock(assert_all_called=False) as mock:
         mock.post(url__regex=rf"{server.url}/slots/0\?action=save").respond(
-            500, json={"error": {"code": 500, "message": "failed to save slot: No space left on device"}})
+            500, json={"error": {"code": 500, "message": "failed to save slot: No space left on device"}}
+        )
         mock.route().pass_through()
         blocked, timings = t.turn(sub)
     assert blocked.action == "failed" and "could not park" in blocked.reason, blocked
@@ -295,6 +310,7 @@ def test_a_project_head_serves_the_next_session_of_that_project_the_same_day_onl
     second, timings = t.turn(workload.parent("ses_2"))
     assert second.action == "restored" and second.source == "proj", second
     assert timings.prompt_n <= 30  # the user's message and the turn markup, not the ~350-token <env> part
+
     def midnight(index: Any) -> None:  # the day is over for every project head
         for entry in index.entries.values():
             if entry.kind == "proj":
@@ -332,8 +348,10 @@ def _continue(url: str, body: dict[str, Any]) -> Continuation:
     sent.pop("stream_options", None)
     data = loopback.post(f"{url}/v1/chat/completions", json=sent, timeout=300).json()
     steps = data["choices"][0]["logprobs"]["content"]
-    return Continuation(tokens=tuple(step["token"] for step in steps),
-                        top=tuple({c["token"]: c["logprob"] for c in step["top_logprobs"]} for step in steps))
+    return Continuation(
+        tokens=tuple(step["token"] for step in steps),
+        top=tuple({c["token"]: c["logprob"] for c in step["top_logprobs"]} for step in steps),
+    )
 
 
 def _gap(a: Continuation, b: Continuation) -> float:
@@ -358,7 +376,7 @@ def _relabelled(path: Path, tokens: tuple[int, ...]) -> bytes:
     packed = list(struct.unpack_from(f"<{count}i", data, 12))
     assert packed[0] == -1 and packed[1] == 1  # llama-server's packing: -1, 1, n, tokens..., media
     n = packed[2]
-    packed[3: 3 + n] = tokens[:n]
+    packed[3 : 3 + n] = tokens[:n]
     struct.pack_into(f"<{count}i", data, 12, *packed)
     return bytes(data)
 
@@ -395,10 +413,14 @@ def test_a_restored_conversation_continues_as_the_same_request_cold(turns) -> No
 def _impostor(t: Turns, mine: workload.Conversation, theirs: workload.Conversation, url: str) -> None:
     """Restore into slot 0, by hand, ``theirs``'s park relabelled with ``mine``'s tokens."""
     index = t.preparer.store.load()
-    ours, other = (next(e for e in index.entries.values() if e.kind == "conv" and e.session == conv.session)
-                   for conv in (mine, theirs))
+    ours, other = (
+        next(e for e in index.entries.values() if e.kind == "conv" and e.session == conv.session)
+        for conv in (mine, theirs)
+    )
     impostor = t.settings.slot_dir / "impostor.bin"  # not ocpc's name: restored by hand
-    impostor.write_bytes(_relabelled(t.settings.slot_dir / other.file, read_header(t.settings.slot_dir / ours.file).tokens))
+    impostor.write_bytes(
+        _relabelled(t.settings.slot_dir / other.file, read_header(t.settings.slot_dir / ours.file).tokens)
+    )
     loopback.post(f"{url}/slots/0?action=restore", json={"filename": impostor.name}, timeout=60).raise_for_status()
 
 
@@ -406,9 +428,9 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
     """Planning a long conversation resumed from its park reuses the park's tokens (its text
     is recorded with it) and tokenizes only the rest; the result equals tokenizing it whole."""
     from oc_prefix_cache import __version__
-    from oc_prefix_cache.fingerprint import server_key
-    from oc_prefix_cache.head import extract_head, parse_body
-    from oc_prefix_cache.parks import find_park
+    from oc_prefix_cache.chat.head import extract_head, parse_body
+    from oc_prefix_cache.disk.park_files import find_park
+    from oc_prefix_cache.llama.fingerprint import server_key
 
     server, t = turns("qwen35")
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")
@@ -417,15 +439,25 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
     nxt = parent.next_body()
     body = parse_body(json.dumps(nxt).encode())
     identity = t.preparer.view.identity(Deadline.after(30))  # as the prepare reads it (its binary too)
-    park = find_park(t.preparer.store.load(), identity=server_key(identity, ocpc_version=__version__),
-                     session=parent.session, digests=body.digests)
+    park = find_park(
+        t.preparer.store.load(),
+        identity=server_key(identity, ocpc_version=__version__),
+        session=parent.session,
+        digests=body.digests,
+    )
     assert park is not None and park.text_chars > 0, park
     known = t.preparer.disk.known_park(park)
     assert known is not None and len(known.tokens) == park.n_tokens
     head = extract_head(body, t.preparer.settings.markers)
     assert not hasattr(head, "reason"), head
-    plan = t.preparer.planner.plan(t.client, body.data, head, server=identity,  # type: ignore[arg-type]
-                                   harness="opencode/1.18.33", longer=known)
+    plan = t.preparer.planner.plan(
+        t.client,
+        body.data,
+        head,
+        server=identity,  # type: ignore[arg-type]
+        harness="opencode/1.18.33",
+        longer=known,
+    )
     whole = t.client.tokenize(plan.prompt, add_special=True)
     assert list(plan.request_tokens) == whole
     assert plan.request_tokens[: len(known.tokens)] == known.tokens
@@ -433,7 +465,8 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
 
 @pytest.mark.parametrize("witness", [True, False])
 def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_restart(
-        turns, monkeypatch, witness: bool) -> None:
+    turns, monkeypatch, witness: bool
+) -> None:
     """A restore runs no task: on a fresh server, a slot that holds only a restore looks like
     the empty slot of a restarted server in /slots. So either ocpc watches the server's process
     (a restart is a new process), or the restore is followed by the probe's task; else a turn
@@ -441,8 +474,10 @@ def test_a_restore_on_a_fresh_server_is_never_mistaken_for_the_slot_after_a_rest
     in another PID namespace (its process not visible here)."""
     if not witness:
         real = server_command
-        monkeypatch.setattr("oc_prefix_cache.server_view.server_command",
-                            lambda *a, **k: (found[0], None) if (found := real(*a, **k)) else None)
+        monkeypatch.setattr(
+            "oc_prefix_cache.engine.observer.server_command",
+            lambda *a, **k: (found[0], None) if (found := real(*a, **k)) else None,
+        )
     server, t = turns("qwen3")
     parent, sub = workload.parent(), workload.general_subagent("ses_sub")
     for conv in (parent, parent, sub):
@@ -480,13 +515,14 @@ def test_a_next_turn_while_its_slot_is_being_taken_waits_for_its_park(tmp_path: 
     re-prefilled from its head. It now waits while another slot holds A's unsaved tail."""
     import threading
 
-    from oc_prefix_cache.tracker import Holding, Observation
+    from oc_prefix_cache.engine.tracker import Holding, Observation
 
     t = Turns("http://127.0.0.1:9", Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path)}))
     tracker, url = t.preparer.tracker, t.preparer.server
     left = Observation(id_task=5, n_tokens=4000, n_processed=100, n_cached=3900)
-    live = Holding(kind="conv", key="ses_a", head="H", n_tokens=4000, exact=False, left=left,
-                   conversation="ses_a", stored=1800)
+    live = Holding(
+        kind="conv", key="ses_a", head="H", n_tokens=4000, exact=False, left=left, conversation="ses_a", stored=1800
+    )
     tracker.leave(url, 0, live)
 
     def park_done() -> None:  # B's prepare: A parked (exact, all stored), then B's head restored

@@ -6,8 +6,8 @@ import json
 
 import xxhash
 
-from oc_prefix_cache.parks import find_park, park_entry
-from oc_prefix_cache.store import Entry, Index, Store
+from oc_prefix_cache.disk.index import Entry, Index, Store
+from oc_prefix_cache.disk.park_files import find_park, park_entry
 
 IDENTITY = "8f03b2c6d1e4a957"
 
@@ -22,8 +22,7 @@ def filed(index: Index, key: str, entry: Entry, *, tokens: int = 100, used: int 
 
 
 def park(chain: tuple[str, ...], *, session: str = "", identity: str = IDENTITY) -> Entry:
-    return park_entry(model="m", build="b", identity=identity, head="cf70f4192c7e149e", session=session,
-                      digests=chain)
+    return park_entry(model="m", build="b", identity=identity, head="cf70f4192c7e149e", session=session, digests=chain)
 
 
 def test_a_request_finds_the_longest_parked_chain_its_messages_extend() -> None:
@@ -51,10 +50,27 @@ def test_a_session_finds_its_own_latest_park() -> None:
 def test_a_version_2_index_with_whole_chains_still_finds_its_parks(tmp_path) -> None:
     """Version 2 kept a park's whole message chain; an index written by it serves version 3."""
     mine = digests(12)
-    old = {"version": 2, "entries": {"5" * 16: {
-        "file": "oc-conv-" + "5" * 16 + ".bin", "bytes": 10, "prefix_tokens": 300, "created": 1, "last_used": 1,
-        "model": "m", "server_build": "b", "harness": "", "kind": "conv", "identity": IDENTITY,
-        "head": "cf70f4192c7e149e", "session": "", "chain": list(mine[:7])}}, "current": {}}
+    old = {
+        "version": 2,
+        "entries": {
+            "5" * 16: {
+                "file": "oc-conv-" + "5" * 16 + ".bin",
+                "bytes": 10,
+                "prefix_tokens": 300,
+                "created": 1,
+                "last_used": 1,
+                "model": "m",
+                "server_build": "b",
+                "harness": "",
+                "kind": "conv",
+                "identity": IDENTITY,
+                "head": "cf70f4192c7e149e",
+                "session": "",
+                "chain": list(mine[:7]),
+            }
+        },
+        "current": {},
+    }
     (tmp_path / "index.json").write_text(json.dumps(old))
     store = Store(index_path=tmp_path / "index.json", lock_path=tmp_path / "index.lock")
     found = find_park(store.load(), identity=IDENTITY, session="", digests=mine)

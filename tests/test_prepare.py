@@ -18,17 +18,16 @@ from typing import Any
 import httpx
 import pytest
 
-from oc_prefix_cache.conversation import parse
+from oc_prefix_cache.chat.conversation import parse
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.gc import AfterSaves
+from oc_prefix_cache.disk.index import Entry, Store
+from oc_prefix_cache.engine.prepare import Preparer, PrepareResult
+from oc_prefix_cache.engine.tracker import SlotTracker
 from oc_prefix_cache.files import file_lock
-from oc_prefix_cache.gc import AfterSaves
-from oc_prefix_cache.prepare import Preparer, PrepareResult
+from oc_prefix_cache.llama.client import SlotClient, Timings
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient, Timings
-from oc_prefix_cache.store import Entry, Store
-from oc_prefix_cache.tracker import SlotTracker
-
-from .helpers import (
+from tests.helpers import (
     PROJ_A,
     PROJ_A_TURN2,
     PROJ_B,
@@ -54,8 +53,9 @@ class CountingTransport(httpx.HTTPTransport):
         self.after: dict[str, Callable[[], None]] = {}
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.calls.append(f"{request.method} {request.url.path}" + (f"?{request.url.query.decode()}"
-                                                                      if request.url.query else ""))
+        self.calls.append(
+            f"{request.method} {request.url.path}" + (f"?{request.url.query.decode()}" if request.url.query else "")
+        )
         response = super().handle_request(request)
         hook = self.after.pop(f"{request.method} {request.url.path}?{request.url.query.decode()}", None)
         if hook is not None:
@@ -88,9 +88,13 @@ class Rig:
         body = capture(name_or_body) if isinstance(name_or_body, str) else name_or_body
         timings = chat(self.url, body)
         if result.fingerprint:
-            self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n,
-                                 prompt_n=timings.prompt_n, prepare_id=result.prepare_id,
-                                 predicted_n=timings.predicted_n)
+            self.preparer.report(
+                fingerprint=result.fingerprint,
+                cache_n=timings.cache_n,
+                prompt_n=timings.prompt_n,
+                prepare_id=result.prepare_id,
+                predicted_n=timings.predicted_n,
+            )
         return result, timings
 
     def slot_files(self) -> list[Path]:
@@ -290,16 +294,24 @@ def test_the_report_of_a_skipped_prepare_binds_only_its_own_conversation(prep) -
     skipped = rig.prepare(PROJ_A_TURN2, session="ses_x")  # a conversation going on in a slot ocpc cannot vouch for
     assert skipped.action == "skipped" and skipped.fingerprint == first.fingerprint and skipped.prepare_id, skipped
     timings = chat(server.url, capture(PROJ_A_TURN2))
-    verdict = rig.preparer.report(fingerprint=skipped.fingerprint or "", cache_n=timings.cache_n,
-                                  prompt_n=timings.prompt_n, prepare_id=skipped.prepare_id)
+    verdict = rig.preparer.report(
+        fingerprint=skipped.fingerprint or "",
+        cache_n=timings.cache_n,
+        prompt_n=timings.prompt_n,
+        prepare_id=skipped.prepare_id,
+    )
     assert verdict["verdict"] == "unknown", verdict
     assert rig.preparer.tracker.holding(rig.url, 0) is None  # the slot is not believed to hold ses_a
     rig.preparer.tracker.forget(rig.url, 0, "the test: ocpc cannot vouch for the slot")
     skipped = rig.prepare(PROJ_A_TURN2, session="ses_x")
     timings = chat(server.url, capture(PROJ_A_TURN2))
-    verdict = rig.preparer.report(fingerprint=skipped.fingerprint or "", cache_n=timings.cache_n,
-                                  prompt_n=timings.prompt_n, prepare_id=skipped.prepare_id,
-                                  predicted_n=timings.predicted_n)
+    verdict = rig.preparer.report(
+        fingerprint=skipped.fingerprint or "",
+        cache_n=timings.cache_n,
+        prompt_n=timings.prompt_n,
+        prepare_id=skipped.prepare_id,
+        predicted_n=timings.predicted_n,
+    )
     assert verdict["verdict"] == "adopted", verdict
     holding = rig.preparer.tracker.holding(rig.url, 0)
     assert holding is not None and holding.conversation == "ses_x", holding
@@ -320,8 +332,10 @@ def test_a_slot_forgotten_under_load_is_learned_again_from_its_next_request(prep
     assert rig.preparer.stats.counters["adopted"] == 1
     sent = capture_bytes(PROJ_A_TURN2)  # the next turn as a harness sends it: the same bytes, two messages on
     end = parse(sent.decode()).msg_end
-    raw = (sent[:end] + b', {"role": "assistant", "content": "The tests pass now."}, '
-           b'{"role": "user", "content": "Then commit it."}' + sent[end:])
+    raw = (
+        sent[:end] + b', {"role": "assistant", "content": "The tests pass now."}, '
+        b'{"role": "user", "content": "Then commit it."}' + sent[end:]
+    )
     third = rig.preparer.prepare(raw, {"User-Agent": UA, "x-session-id": "ses_a"})
     assert third.action == "hit" and third.source == "slot", third
     after = chat(server.url, json.loads(raw))
@@ -338,8 +352,9 @@ def test_reported_misses_only_make_the_file_prove_itself_again(prep) -> None:
     [project] = rig.settings.slot_dir.glob("oc-proj-*.bin")
     mtime = project.stat().st_mtime_ns
     for session in ("ses_b", "ses_c", "ses_d"):
-        verdict = rig.preparer.report(fingerprint=last.fingerprint or "", cache_n=0, prompt_n=7499,
-                                      prepare_id=last.prepare_id)
+        verdict = rig.preparer.report(
+            fingerprint=last.fingerprint or "", cache_n=0, prompt_n=7499, prepare_id=last.prepare_id
+        )
         assert verdict["verdict"] == "missed"
         last = rig.prepare(PROJ_A, session=session)
         assert last.action == "restored" and last.source == "proj" and "gated" in last.reason, last
@@ -425,13 +440,27 @@ def test_the_daemon_collects_garbage_after_a_save(prep, monkeypatch) -> None:
     stranger = rig.settings.slot_dir / "someone-elses.bin"
     stranger.write_bytes(b"keep me")
     long_ago = int(time.time()) - 60 * 86400
-    rig.store.update(lambda index: index.entries.__setitem__(old_fp, Entry(
-        file=old_file.name, bytes=100, prefix_tokens=1, created=long_ago, last_used=long_ago,
-        model="m", server_build="b", harness="h")))
+    rig.store.update(
+        lambda index: index.entries.__setitem__(
+            old_fp,
+            Entry(
+                file=old_file.name,
+                bytes=100,
+                prefix_tokens=1,
+                created=long_ago,
+                last_used=long_ago,
+                model="m",
+                server_build="b",
+                harness="h",
+            ),
+        )
+    )
     warmed = rig.prepare(PROJ_A)
     assert warmed.action == "warmed"
-    wait_until(lambda: not old_file.exists() and old_fp not in rig.store.load().entries,  # gc runs off the
-               what="the gc after the save did not remove the old head")  # request path, just after the save
+    wait_until(
+        lambda: not old_file.exists() and old_fp not in rig.store.load().entries,  # gc runs off the
+        what="the gc after the save did not remove the old head",
+    )  # request path, just after the save
     assert not old_file.exists() and stranger.exists()
     assert (rig.settings.slot_dir / f"oc-prefix-{warmed.fingerprint}.bin").exists()
     assert [k for k, e in rig.store.load().entries.items() if e.kind == "head"] == [warmed.fingerprint]
@@ -648,7 +677,9 @@ def test_a_restore_by_another_daemon_is_noticed(prep) -> None:
     server, mine = prep("qwen35", extra_args=("--cache-ram", "0"))
     theirs = Rig(server.url, tracker=SlotTracker())  # another daemon: its own tracker
     other = capture(PROJ_A)  # a longer head: the slot's token count alone would not tell
-    other["tools"] += [t | {"function": t["function"] | {"name": t["function"]["name"] + "_mcp"}} for t in other["tools"]]
+    other["tools"] += [
+        t | {"function": t["function"] | {"name": t["function"]["name"] + "_mcp"}} for t in other["tools"]
+    ]
     assert theirs.prepare(other, session="ses_x").action == "warmed"
     assert mine.prepare(PROJ_A, session="ses_a").action == "warmed"
     assert theirs.prepare(other, session="ses_y").action == "restored"  # proven: no probe, no task
@@ -678,12 +709,21 @@ def test_two_servers_saving_one_fingerprint_at_once_do_not_collide(llama_server)
     servers = [llama_server("qwen3"), llama_server("qwen3")]  # same model, same slot folder
     barrier = threading.Barrier(2)
     settings = Settings.from_env(dict(os.environ))
-    preparers = [Preparer(settings=settings, client=SlotClient(s.url, transport=BarrierTransport(barrier)),
-                          store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
-                 for s in servers]
+    preparers = [
+        Preparer(
+            settings=settings,
+            client=SlotClient(s.url, transport=BarrierTransport(barrier)),
+            store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+        )
+        for s in servers
+    ]
     results: list[PrepareResult] = []
-    threads = [threading.Thread(target=lambda p=p: results.append(
-        p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": "s"}))) for p in preparers]
+    threads = [
+        threading.Thread(
+            target=lambda p=p: results.append(p.prepare(capture_bytes(PROJ_A), {"User-Agent": UA, "x-session-id": "s"}))
+        )
+        for p in preparers
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -695,7 +735,7 @@ def test_two_servers_saving_one_fingerprint_at_once_do_not_collide(llama_server)
     assert names[1].startswith("oc-proj-")
     for server in servers:  # the one file that won serves both
         server.restart()
-    for preparer, server in zip(preparers, servers, strict=True):
+    for preparer in preparers:
         again = preparer.prepare(capture_bytes(PROJ_B), {"User-Agent": UA, "x-session-id": "t"})
         assert again.action == "restored" and "gated" in again.reason, again
         preparer.client.close()
@@ -720,8 +760,8 @@ def test_claude_code_after_a_commit_starts_from_the_project_heads_shorter_level(
     processes only its typed text; after a commit (only the git status differs) a new session
     restores the shorter level and saves its new project head on it, evaluating the git status, the
     date and the attribution (~290 tokens) instead of everything after the head (~3,200)."""
-    from oc_prefix_cache.anthropic import to_chat
-    from oc_prefix_cache.events import read_events
+    from oc_prefix_cache.chat.anthropic import to_chat
+    from oc_prefix_cache.disk.events import read_events
     from oc_prefix_cache.harness.base import Incoming
     from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter
 
@@ -731,15 +771,20 @@ def test_claude_code_after_a_commit_starts_from_the_project_heads_shorter_level(
 
     def session(name: str) -> tuple[PrepareResult, Timings, int]:
         captured = json.loads((data / f"{name}.json").read_text())
-        incoming = Incoming(api="anthropic", headers={k.lower(): v for k, v in captured["headers"]},
-                            body=captured["body_json"])
+        incoming = Incoming(
+            api="anthropic", headers={k.lower(): v for k, v in captured["headers"]}, body=captured["body_json"]
+        )
         body = to_chat(adapter.normalise(incoming)[0])
         started = time.time()
-        result = rig.preparer.prepare(json.dumps(body).encode(), incoming.headers, session=name,
-                                      head_of=adapter.head)
+        result = rig.preparer.prepare(json.dumps(body).encode(), incoming.headers, session=name, head_of=adapter.head)
         timings = chat(rig.url, body)
-        rig.preparer.report(fingerprint=result.fingerprint or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
-                            prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+        rig.preparer.report(
+            fingerprint=result.fingerprint or "",
+            cache_n=timings.cache_n,
+            prompt_n=timings.prompt_n,
+            prepare_id=result.prepare_id,
+            predicted_n=timings.predicted_n,
+        )
         own = sum(e.prompt_n for e in read_events(rig.settings.log_dir, since=started) if e.door == "ocpc")
         return result, timings, own
 

@@ -22,18 +22,18 @@ import pytest
 from typer.testing import CliRunner
 
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.doctor import _privacy
-from oc_prefix_cache.events import Event, EventLog
+from oc_prefix_cache.commands.doctor import _privacy
+from oc_prefix_cache.commands.launch import _write_runtime, launch_lock
+from oc_prefix_cache.disk.events import Event, EventLog
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.disk.privacy import scan, tighten, tighten_at_start
 from oc_prefix_cache.files import file_lock, write_private
 from oc_prefix_cache.install import install as install_opencode
-from oc_prefix_cache.launch import _write_runtime, launch_lock
-from oc_prefix_cache.llama_process import free_port
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import Supervised
 from oc_prefix_cache.logs import setup_logging
-from oc_prefix_cache.privacy import scan, tighten, tighten_at_start
-from oc_prefix_cache.process import Supervised
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.store import Store
 
 HEAD = "oc-prefix-0123456789abcdef.bin"
 PARK = "oc-conv-fedcba9876543210.bin"
@@ -56,7 +56,7 @@ def mode(path: Path) -> int:
 def open_to_others(root: Path) -> list[str]:
     """Every path under ``root`` (itself included) that group or others can read, write or enter."""
     found = []
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         for path in [Path(folder)] + [Path(folder) / name for name in files]:
             if not os.path.islink(path) and mode(path) & 0o077:
                 found.append(f"{path.relative_to(root.parent)} {mode(path):04o}")
@@ -67,8 +67,7 @@ def settings() -> Settings:
     return Settings.from_env()
 
 
-def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(
-        umask_022: None, tmp_path: Path) -> None:
+def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(umask_022: None, tmp_path: Path) -> None:
     """Every writer of ocpc's state, each making the folders it needs: the index and its lock, the
     event log (and its rollover), the daemon's rotating log (and a rollover), a slot lock, a launch's
     lock and runtime file, the plugin and its settings, the install records and a config's backup,
@@ -79,8 +78,19 @@ def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(
     Store(index_path=s.index_path, lock_path=s.lock_path).update(lambda index: None)
     events = EventLog(s.log_dir, max_bytes=300)
     for _ in range(3):  # over max_bytes: one rollover to events.jsonl.1
-        events.write(Event(at=1.0, door="proxy", server="http://x", slot=0, harness="pi", action="hit",
-                           source="slot", cache_n=10, prompt_n=1))
+        events.write(
+            Event(
+                at=1.0,
+                door="proxy",
+                server="http://x",
+                slot=0,
+                harness="pi",
+                action="hit",
+                source="slot",
+                cache_n=10,
+                prompt_n=1,
+            )
+        )
     root = logging.getLogger("ocpc")
     setup_logging(s.log_dir / "daemon.log")
     try:
@@ -100,15 +110,33 @@ def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(
     config = tmp_path / "home" / "config" / "opencode" / "opencode.json"
     config.parent.mkdir(parents=True)
     config.write_text('{"$schema": "https://opencode.ai/config.json"}\n')
-    install_opencode(s, config_path=config, base_url="http://127.0.0.1:8080", provider_id="llamacpp",
-                     model="local", opencode_version=None)
+    install_opencode(
+        s,
+        config_path=config,
+        base_url="http://127.0.0.1:8080",
+        provider_id="llamacpp",
+        model="local",
+        opencode_version=None,
+    )
     _run_child_writing(s.log_dir / "made-by-child.txt", log=s.log_dir / f"llama-server-{port}.log")
 
     written = {p.relative_to(s.home).as_posix() for p in s.home.rglob("*")}
-    assert {"index.json", "index.lock", "logs/events.jsonl", "logs/events.jsonl.1", "logs/daemon.log",
-            "logs/daemon.log.1", "slot-0123abcd.lock", f"launch-{port}.lock", f"server-{port}.json",
-            "plugin/ocpc-plugin.js", "plugin/ocpc-plugin.json", "install.json", f"logs/llama-server-{port}.log",
-            "logs/made-by-child.txt"} <= written, written
+    assert {
+        "index.json",
+        "index.lock",
+        "logs/events.jsonl",
+        "logs/events.jsonl.1",
+        "logs/daemon.log",
+        "logs/daemon.log.1",
+        "slot-0123abcd.lock",
+        f"launch-{port}.lock",
+        f"server-{port}.json",
+        "plugin/ocpc-plugin.js",
+        "plugin/ocpc-plugin.json",
+        "install.json",
+        f"logs/llama-server-{port}.log",
+        "logs/made-by-child.txt",
+    } <= written, written
     assert any(name.startswith("backups/opencode.json.") for name in written), written
     assert open_to_others(s.home) == []
     assert mode(config) == 0o644  # the user's own config keeps its mode
@@ -118,16 +146,23 @@ def _run_child_writing(path: Path, *, log: Path) -> None:
     """A supervised child (as llama-server is run) that creates a file with the default 0666 and
     then answers /health: the file's mode is the umask ocpc gave the child."""
     port = free_port()
-    code = ("import sys, http.server as h; open(sys.argv[1], 'w').close(); "
-            "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[2])), h.SimpleHTTPRequestHandler).serve_forever()")
-    child = Supervised(name="child", argv=[sys.executable, "-c", code, str(path), str(port)],
-                       health_url=f"http://127.0.0.1:{port}/", log_path=log)
+    code = (
+        "import sys, http.server as h; open(sys.argv[1], 'w').close(); "
+        "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[2])), h.SimpleHTTPRequestHandler).serve_forever()"
+    )
+    child = Supervised(
+        name="child",
+        argv=[sys.executable, "-c", code, str(path), str(port)],
+        health_url=f"http://127.0.0.1:{port}/",
+        log_path=log,
+    )
     child.start(timeout=30)
     child.stop(grace=5)
 
 
 def test_write_private_makes_its_folders_0700_but_never_changes_a_folder_that_exists(
-        umask_022: None, tmp_path: Path) -> None:
+    umask_022: None, tmp_path: Path
+) -> None:
     shared = tmp_path / "share"
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
@@ -144,10 +179,17 @@ def _earlier_ocpc(s: Settings) -> dict[str, Path]:
     outside = s.home.parent / "outside.txt"
     outside.write_text("a file of the user's")
     paths = {
-        "home": s.home, "slots": s.slot_dir, "logs": s.log_dir,
-        "index": s.index_path, "head": s.slot_dir / HEAD, "park": s.slot_dir / PARK,
-        "part": s.slot_dir / f"{PARK}.0badcafe.part", "daemon_log": s.log_dir / "daemon.log",
-        "events": s.log_dir / "events.jsonl", "theirs": s.slot_dir / "notes.txt", "outside": outside,
+        "home": s.home,
+        "slots": s.slot_dir,
+        "logs": s.log_dir,
+        "index": s.index_path,
+        "head": s.slot_dir / HEAD,
+        "park": s.slot_dir / PARK,
+        "part": s.slot_dir / f"{PARK}.0badcafe.part",
+        "daemon_log": s.log_dir / "daemon.log",
+        "events": s.log_dir / "events.jsonl",
+        "theirs": s.slot_dir / "notes.txt",
+        "outside": outside,
     }
     for key, path in paths.items():
         if key not in ("home", "slots", "logs", "outside"):
@@ -177,7 +219,8 @@ def test_tighten_makes_an_earlier_ocpcs_folders_0700_and_only_files_named_like_o
 
 
 def test_a_slot_folder_the_user_configured_open_to_others_is_reported_not_changed(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     given = tmp_path / "shared-slots"  # e.g. readable by a llama-server service account
     monkeypatch.setenv("OC_PREFIX_CACHE_SLOT_DIR", str(given))
     s = settings()
@@ -214,7 +257,8 @@ def test_a_folder_shared_on_purpose_is_left_and_reported() -> None:
 
 
 def test_a_home_that_holds_the_users_own_files_is_left_but_ocpcs_files_in_it_are_made_0600(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     users = tmp_path / "users-folder"  # OC_PREFIX_CACHE_HOME pointed at a folder of the user's
     monkeypatch.setenv("OC_PREFIX_CACHE_HOME", str(users))
     s = settings()
@@ -251,14 +295,26 @@ def test_a_symlinked_slot_folder_is_never_changed(tmp_path: Path) -> None:
 def test_the_daemon_and_the_proxy_tighten_what_an_earlier_ocpc_left_when_they_start(door: str) -> None:
     """`ocpc daemon` (the systemd unit's) and `ocpc proxy` start on their own: each tightens first
     and logs what it changed (no server needed: the door starts and answers without one)."""
-    from .test_launch import wait_for
+    from tests.test_launch import wait_for
 
     s = settings()
     p = _earlier_ocpc(s)
     log = s.log_dir / f"{door}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", door, "--server",
-                             f"http://127.0.0.1:{free_port()}", "--port", str(free_port())],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "oc_prefix_cache",
+            door,
+            "--server",
+            f"http://127.0.0.1:{free_port()}",
+            "--port",
+            str(free_port()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: log.exists() and "0700" in log.read_text() or proc.poll() is not None, timeout=60)
     finally:
@@ -295,7 +351,8 @@ def test_doctor_says_ok_for_a_private_home() -> None:
 
 @pytest.mark.rig
 def test_a_llama_server_ocpc_starts_writes_private_slot_files_under_umask_022(
-        umask_022: None, llama_server: Any) -> None:
+    umask_022: None, llama_server: Any
+) -> None:
     """The server runs as ocpc runs it (LlamaServer: `ocpc demo`, the benches, every rig test;
     `ocpc launch` shares Supervised): its slot folder is made 0700, and what the server itself
     writes there, a slot file, is 0600. Before: 0755 and 0644."""
@@ -312,15 +369,16 @@ def test_a_llama_server_ocpc_starts_writes_private_slot_files_under_umask_022(
 
 @pytest.mark.rig
 def test_a_realistic_run_under_umask_022_leaves_nothing_open_to_other_users(
-        umask_022: None, models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    umask_022: None, models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`ocpc launch` (server, daemon, proxy) from nothing, then what a day does: a head warmed and
     saved, a conversation parked when another session takes the slot, a request through the proxy,
     `ocpc gc`, `ocpc install`, and a graceful stop that parks what the server holds. Then every path
     under ocpc's home, slot files, index, locks, runtime files, logs and event log included, is the
     user's alone."""
-    from .helpers import PROJ_A, PROJ_B, capture, chat
-    from .test_daemon import post_prepare
-    from .test_proxy_launch import stop
+    from tests.helpers import PROJ_A, PROJ_B, capture, chat
+    from tests.test_daemon import post_prepare
+    from tests.test_proxy_launch import stop
 
     monkeypatch.setenv("OC_PREFIX_CACHE_PARK_MIN_TOKENS", "0")  # park every displaced conversation
     s = settings()
@@ -333,15 +391,28 @@ def test_a_realistic_run_under_umask_022_leaves_nothing_open_to_other_users(
         for name, session in ((PROJ_A, "ses_a"), (PROJ_B, "ses_b")):
             answer = post_prepare(daemon, name, session)
             timings = chat(server, capture(name))
-            report = httpx.post(f"{daemon}/v1/report", timeout=10, trust_env=False, json={
-                "fingerprint": answer["fingerprint"], "prepare_id": answer.get("prepare_id"),
-                "cache_n": timings.cache_n, "prompt_n": timings.prompt_n})
+            report = httpx.post(
+                f"{daemon}/v1/report",
+                timeout=10,
+                trust_env=False,
+                json={
+                    "fingerprint": answer["fingerprint"],
+                    "prepare_id": answer.get("prepare_id"),
+                    "cache_n": timings.cache_n,
+                    "prompt_n": timings.prompt_n,
+                },
+            )
             assert report.status_code == 200, report.text
-        proxied = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", timeout=60, trust_env=False,
-                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        proxied = httpx.post(
+            f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+            timeout=60,
+            trust_env=False,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert proxied.status_code == 200
-        gc = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "gc"], capture_output=True, text=True,
-                            timeout=120)
+        gc = subprocess.run(
+            [sys.executable, "-m", "oc_prefix_cache", "gc"], capture_output=True, text=True, timeout=120
+        )
         assert gc.returncode == 0, gc.stderr
         config = tmp_path / "home" / "config" / "opencode" / "opencode.json"
         config.parent.mkdir(parents=True)
@@ -363,12 +434,13 @@ def test_a_realistic_run_under_umask_022_leaves_nothing_open_to_other_users(
 
 @pytest.mark.rig
 def test_a_router_ocpc_launches_and_the_model_servers_it_spawns_run_under_umask_077(
-        umask_022: None, models: Any, tmp_path: Path) -> None:
+    umask_022: None, models: Any, tmp_path: Path
+) -> None:
     """`ocpc launch --models-dir`: the router, and each model's server it starts on demand, write
     their slot files 0600 (their umask is 077, inherited from the router ocpc started)."""
-    from .helpers import TEST_SERVER_ARGS
-    from .test_launch import wait_for
-    from .test_proxy_launch import stop
+    from tests.helpers import TEST_SERVER_ARGS
+    from tests.test_launch import wait_for
+    from tests.test_proxy_launch import stop
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -377,14 +449,35 @@ def test_a_router_ocpc_launches_and_the_model_servers_it_spawns_run_under_umask_
     env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port)}
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--models-dir", str(folder),
-                                 "--port", str(port), "--", "-c", "4096", *TEST_SERVER_ARGS],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oc_prefix_cache",
+                "launch",
+                "--models-dir",
+                str(folder),
+                "--port",
+                str(port),
+                "--",
+                "-c",
+                "4096",
+                *TEST_SERVER_ARGS,
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     s = settings()
     try:
         wait_for(lambda: "ready: llama-server" in log.read_text() or proc.poll() is not None, timeout=120)
-        answer = httpx.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", timeout=120, trust_env=False,
-                            json={"model": "qwen35", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        answer = httpx.post(
+            f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+            timeout=120,
+            trust_env=False,
+            json={"model": "qwen35", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert answer.status_code == 200, answer.text[:300]
         router = json.loads((s.home / f"server-{port}.json").read_text())["pid"]
         spawned = children_of(router)
@@ -420,10 +513,11 @@ def children_of(pid: int) -> list[int]:
 
 @pytest.mark.rig
 def test_launch_tightens_what_an_earlier_ocpc_left_before_it_starts(
-        umask_022: None, models: Any, tmp_path: Path) -> None:
+    umask_022: None, models: Any, tmp_path: Path
+) -> None:
     """First start after the upgrade: the folders and files an earlier ocpc made under umask 022
     are made private, a file not named like ocpc's keeps its mode, and the log says so."""
-    from .test_proxy_launch import stop
+    from tests.test_proxy_launch import stop
 
     s = settings()
     p = _earlier_ocpc(s)
@@ -444,15 +538,32 @@ def test_launch_tightens_what_an_earlier_ocpc_left_before_it_starts(
 def _launch(models: Any, tmp_path: Path, proxy_port: int) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     """`ocpc launch` on the tiny model with room for OpenCode's captured requests; it inherits
     this test's umask."""
-    from .helpers import TEST_SERVER_ARGS
-    from .test_launch import wait_for
+    from tests.helpers import TEST_SERVER_ARGS
+    from tests.test_launch import wait_for
 
     port, daemon_port = free_port(), free_port()
     env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port)}
     log = tmp_path / f"launch-{port}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m",
-                                 str(models["qwen35"]), "--", "-c", "16384", *TEST_SERVER_ARGS], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oc_prefix_cache",
+                "launch",
+                "--port",
+                str(port),
+                "-m",
+                str(models["qwen35"]),
+                "--",
+                "-c",
+                "16384",
+                *TEST_SERVER_ARGS,
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     wait_for(lambda: "ready:" in log.read_text() or proc.poll() is not None, timeout=120)
     return proc, port, daemon_port, log

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from oc_prefix_cache.errors import ProcessError
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import REPACK_CRASH_SIGNALS, Supervised
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import REPACK_CRASH_SIGNALS, Supervised
 
 
 def dies_by(tmp_path: Path, sig: signal.Signals, *args: str) -> str:
@@ -19,8 +19,12 @@ def dies_by(tmp_path: Path, sig: signal.Signals, *args: str) -> str:
     stub = tmp_path / "llama-server"
     stub.write_text(f"#!/bin/sh\nulimit -c 0\nkill -{sig.name[3:]} $$\nsleep 60\n")
     stub.chmod(0o755)
-    child = Supervised(name="llama-server", argv=[str(stub), "-m", "model.gguf", *args],
-                       health_url=f"http://127.0.0.1:{free_port()}/health", log_path=tmp_path / "server.log")
+    child = Supervised(
+        name="llama-server",
+        argv=[str(stub), "-m", "model.gguf", *args],
+        health_url=f"http://127.0.0.1:{free_port()}/health",
+        log_path=tmp_path / "server.log",
+    )
     with pytest.raises(ProcessError) as info:
         child.start(timeout=30)
     return str(info.value)

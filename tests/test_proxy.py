@@ -16,14 +16,13 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
+from oc_prefix_cache.chat.head import MAX_BODY_BYTES, Head
+from oc_prefix_cache.doors.proxy import Bounds, Proxy
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.engine.prepare import Preparer, PrepareResult
 from oc_prefix_cache.harness.base import head_by_markers
-from oc_prefix_cache.head import MAX_BODY_BYTES, Head
-from oc_prefix_cache.prepare import Preparer, PrepareResult
-from oc_prefix_cache.proxy import Bounds, Proxy
-from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
 from oc_prefix_cache.settings import Settings
-
-from .helpers import SUITE_WAIT_S, wait_until
+from tests.helpers import SUITE_WAIT_S, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("proxy_bench", ROOT / "bench" / "proxy_bench.py")
@@ -33,8 +32,11 @@ _spec.loader.exec_module(bench)
 Stub = bench.Stub
 
 DATA = Path(__file__).parent / "data"
-CHAT = {"model": "m", "stream": True, "messages": [{"role": "system", "content": "be brief"},
-                                                    {"role": "user", "content": "hi"}]}
+CHAT = {
+    "model": "m",
+    "stream": True,
+    "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+}
 
 
 def capture(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
@@ -62,8 +64,14 @@ class Running:
 def proxy_for(tmp_path: Path) -> Iterator[Any]:
     running: list[Running] = []
 
-    def start(url: str, *, bounds: Bounds | None = None, adapters: str | None = None,
-              preparer: Preparer | None = None, workers: int = 32) -> Running:
+    def start(
+        url: str,
+        *,
+        bounds: Bounds | None = None,
+        adapters: str | None = None,
+        preparer: Preparer | None = None,
+        workers: int = 32,
+    ) -> Running:
         env = {"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")}
         if adapters is not None:
             env["OC_PREFIX_CACHE_ADAPTERS"] = adapters
@@ -85,27 +93,40 @@ def stub() -> Iterator[Any]:
         yield running
 
 
-def post(url: str, body: Any, *, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions",
-         timeout: float = 30) -> httpx.Response:
+def post(
+    url: str,
+    body: Any,
+    *,
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+    timeout: float = 30,
+) -> httpx.Response:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return loopback.post(url + path, content=raw, headers={"content-type": "application/json", **(headers or {})},
-                         timeout=timeout)
+    return loopback.post(
+        url + path, content=raw, headers={"content-type": "application/json", **(headers or {})}, timeout=timeout
+    )
 
 
 def reached(stub: Any, text: str) -> None:
     """Until the upstream has the chat request whose body holds ``text``: from then on that request
     holds its slot (the proxy takes it before forwarding). The event, not a guess of its time."""
-    wait_until(lambda: any(s["method"] == "POST" and s["path"].startswith("/v1/chat/completions")
-                           and text.encode() in s["body"] for s in list(stub.seen)),
-               what=f"no chat request with {text!r} reached the upstream")
+    wait_until(
+        lambda: any(
+            s["method"] == "POST" and s["path"].startswith("/v1/chat/completions") and text.encode() in s["body"]
+            for s in list(stub.seen)
+        ),
+        what=f"no chat request with {text!r} reached the upstream",
+    )
 
 
 def settled(proxy: Running) -> dict[str, Any]:
     """The proxy's status once no slot is busy: a request is recorded, then its slot given back, in a
     worker just after its answer's last byte, so a client can have the whole answer before that."""
+
     def idle() -> dict[str, Any] | None:
         status = proxy.status()
         return status if not any(slot["busy"] for slot in status["slots"].values()) else None
+
     return wait_until(idle, what="a slot stayed busy after its request")
 
 
@@ -153,8 +174,13 @@ def test_streams_pass_through_as_they_arrive(proxy_for: Any, stub: Any) -> None:
     proxy = proxy_for(stub.url)
     arrivals = []
     started = time.monotonic()
-    with loopback.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
-                         headers={"x-stub": "slow:5:200"}, timeout=30) as response:
+    with loopback.stream(
+        "POST",
+        proxy.url + "/v1/chat/completions",
+        content=json.dumps(CHAT).encode(),
+        headers={"x-stub": "slow:5:200"},
+        timeout=30,
+    ) as response:
         for _ in response.iter_raw():
             arrivals.append(time.monotonic() - started)
     # The first chunk long before the last (0.8 s apart as sent; buffered, they would come together).
@@ -164,8 +190,13 @@ def test_streams_pass_through_as_they_arrive(proxy_for: Any, stub: Any) -> None:
 
 def test_a_client_that_goes_away_cancels_the_upstream_request(proxy_for: Any, stub: Any) -> None:
     proxy = proxy_for(stub.url)
-    with loopback.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
-                         headers={"x-stub": "slow:100:50"}, timeout=30) as response:
+    with loopback.stream(
+        "POST",
+        proxy.url + "/v1/chat/completions",
+        content=json.dumps(CHAT).encode(),
+        headers={"x-stub": "slow:100:50"},
+        timeout=30,
+    ) as response:
         next(response.iter_raw())
     # the stub's next write fails once the proxy has closed the upstream request
     wait_until(lambda: stub.seen[-1].get("cut"), what="the upstream request was not cancelled")
@@ -173,19 +204,27 @@ def test_a_client_that_goes_away_cancels_the_upstream_request(proxy_for: Any, st
     assert post(proxy.url, CHAT).status_code == 200
 
 
-def test_a_client_that_leaves_once_it_has_the_final_event_still_has_its_reuse_learned(proxy_for: Any,
-                                                                                       stub: Any) -> None:
+def test_a_client_that_leaves_once_it_has_the_final_event_still_has_its_reuse_learned(
+    proxy_for: Any, stub: Any
+) -> None:
     """Codex closes its connection the moment it has the last event, before the server's stream
     ends: the reuse numbers were already relayed, and the report must not be lost with the client
     (a failing Codex end-to-end run after a restart)."""
     proxy = proxy_for(stub.url)
-    with loopback.stream("POST", proxy.url + "/v1/chat/completions", content=json.dumps(CHAT).encode(),
-                         headers={"x-stub": "linger:2000"}, timeout=30) as response:
+    with loopback.stream(
+        "POST",
+        proxy.url + "/v1/chat/completions",
+        content=json.dumps(CHAT).encode(),
+        headers={"x-stub": "linger:2000"},
+        timeout=30,
+    ) as response:
         for line in response.iter_lines():
             if "[DONE]" in line:
                 break
-    recent = wait_until(lambda: proxy.counters().get("client_disconnected") and proxy.status()["recent"],
-                        what="the request was not recorded")
+    recent = wait_until(
+        lambda: proxy.counters().get("client_disconnected") and proxy.status()["recent"],
+        what="the request was not recorded",
+    )
     assert proxy.counters()["client_disconnected"] == 1
     assert recent[-1]["cache_n"] == 100 and recent[-1]["prompt_n"] == 5, recent
 
@@ -216,12 +255,16 @@ def test_an_oversized_body_streams_through_unprepared(proxy_for: Any, stub: Any)
     assert counters["not_prepared:oversized"] == 1 and "prepare:skipped" not in counters
 
 
-@pytest.mark.parametrize(("headers", "counter"), [
-    ({"origin": "https://example.com"}, "not_prepared:foreign_origin"),
-    ({"host": "attacker.example:8766"}, "not_prepared:foreign_host"),
-])
+@pytest.mark.parametrize(
+    ("headers", "counter"),
+    [
+        ({"origin": "https://example.com"}, "not_prepared:foreign_origin"),
+        ({"host": "attacker.example:8766"}, "not_prepared:foreign_host"),
+    ],
+)
 def test_requests_a_web_page_could_send_are_forwarded_without_a_prepare(
-        proxy_for: Any, stub: Any, headers: dict[str, str], counter: str) -> None:
+    proxy_for: Any, stub: Any, headers: dict[str, str], counter: str
+) -> None:
     proxy = proxy_for(stub.url)
     raw = json.dumps(CHAT).encode()
     assert post(proxy.url, raw, headers=headers).status_code == 200
@@ -254,8 +297,7 @@ def test_opencode_through_the_proxy_cuts_its_head_at_the_operators_markers(stub:
     """``OC_PREFIX_CACHE_MARKERS`` moves OpenCode's head cut on the plugin's path; through the
     proxy the same request must be cut at the same place (the proxy's OpenCode adapter used a
     fixed ``<env>``, so the two paths of one ``ocpc launch`` planned two different heads)."""
-    settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
-                                  "OC_PREFIX_CACHE_MARKERS": "<mine>"})
+    settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"), "OC_PREFIX_CACHE_MARKERS": "<mine>"})
     seen: list[dict[str, Any]] = []
 
     class Recording(SlowPreparer):
@@ -267,9 +309,14 @@ def test_opencode_through_the_proxy_cuts_its_head_at_the_operators_markers(stub:
     run = Running(Proxy(settings=settings, preparer=recording))  # type: ignore[arg-type]
     run.server.start()
     try:
-        body = {"model": "m", "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
-                "messages": [{"role": "system", "content": "You are OpenCode. <mine>cwd: /a"},
-                             {"role": "user", "content": "hi"}]}
+        body = {
+            "model": "m",
+            "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+            "messages": [
+                {"role": "system", "content": "You are OpenCode. <mine>cwd: /a"},
+                {"role": "user", "content": "hi"},
+            ],
+        }
         assert post(run.url, body, headers={"user-agent": "opencode/1.18.33"}).status_code == 200
     finally:
         run.server.stop()
@@ -309,8 +356,13 @@ def test_a_slow_prepare_never_stalls_another_stream(proxy_for: Any, tmp_path: Pa
 
         def stream() -> None:
             last = time.monotonic()
-            with loopback.stream("POST", proxy.url + "/v1/chat/completions", timeout=30,
-                                 content=json.dumps(CHAT).encode(), headers={"x-stub": "slow:40:50"}) as response:
+            with loopback.stream(
+                "POST",
+                proxy.url + "/v1/chat/completions",
+                timeout=30,
+                content=json.dumps(CHAT).encode(),
+                headers={"x-stub": "slow:40:50"},
+            ) as response:
                 for _ in response.iter_raw():
                     now = time.monotonic()
                     gaps.append(now - last)
@@ -383,8 +435,11 @@ def test_with_two_slots_requests_are_pinned(proxy_for: Any) -> None:
         assert proxy.counters()["not_prepared:unknown_slot"] == 1
 
         def new_conversation(i: int) -> None:
-            post(proxy.url, {**CHAT, "messages": [{"role": "user", "content": f"new {i}"}]},
-                 headers={"x-stub": "slow:3:100"})
+            post(
+                proxy.url,
+                {**CHAT, "messages": [{"role": "user", "content": f"new {i}"}]},
+                headers={"x-stub": "slow:3:100"},
+            )
 
         threads = [threading.Thread(target=new_conversation, args=(i,)) for i in range(2)]
         for thread in threads:
@@ -427,8 +482,13 @@ def test_the_cli_says_what_is_wrong_in_one_line(args: list[str]) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         args = [str(taken.getsockname()[1]) if a == "TAKEN" else a for a in args]
-        proc = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "proxy", *args], capture_output=True,
-                              text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "oc_prefix_cache", "proxy", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
@@ -437,13 +497,20 @@ def test_the_cli_says_what_is_wrong_in_one_line(args: list[str]) -> None:
 
 # -- many agents on a few slots (issue 17's defects; each failed before its fix) ---------------------
 
-TOOLS = [{"type": "function", "function": {"name": "read", "description": "read a file",
-                                           "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "read", "description": "read a file", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def agent_body(text: str) -> dict[str, Any]:
-    return {**CHAT, "tools": TOOLS, "messages": [{"role": "system", "content": "you are an agent"},
-                                                 {"role": "user", "content": text}]}
+    return {
+        **CHAT,
+        "tools": TOOLS,
+        "messages": [{"role": "system", "content": "you are an agent"}, {"role": "user", "content": text}],
+    }
 
 
 def sent_slot(stub: Any, text: str) -> int:
@@ -457,13 +524,16 @@ def sent_slot(stub: Any, text: str) -> int:
 def test_a_conversation_the_plugin_left_in_a_slot_is_not_given_to_a_proxied_one(proxy_for: Any) -> None:
     """`ocpc launch -np 2`: the plugin's conversation lives on slot 0 (the daemon's record in the
     shared tracker). A new proxied conversation takes the idle slot 1, not slot 0."""
-    from oc_prefix_cache.tracker import Holding, Observation
+    from oc_prefix_cache.engine.tracker import Holding, Observation
 
     with Stub(slots=2) as stub:
         proxy = proxy_for(stub.url)
         left = Observation(id_task=1, n_tokens=0, n_processed=None, n_cached=None)
-        proxy.proxy.tracker.leave(stub.url, 0, Holding(kind="conv", key="ses_oc", head="H", n_tokens=9000,
-                                                       exact=False, left=left, conversation="ses_oc"))
+        proxy.proxy.tracker.leave(
+            stub.url,
+            0,
+            Holding(kind="conv", key="ses_oc", head="H", n_tokens=9000, exact=False, left=left, conversation="ses_oc"),
+        )
         assert post(proxy.url, agent_body("a claude code session")).status_code == 200
         assert sent_slot(stub, "a claude code session") == 1
 
@@ -473,9 +543,10 @@ def test_with_every_slot_busy_a_request_takes_the_first_slot_that_frees(proxy_fo
     (slot 1, soon), not on the LRU slot's lock until its long answer ends."""
     with Stub(slots=2) as stub:
         proxy = proxy_for(stub.url)
-        threads = [threading.Thread(target=post, args=(proxy.url, agent_body(text)),
-                                    kwargs={"headers": {"x-stub": mode}})
-                   for text, mode in (("long one", "slow:60:100"), ("short one", "slow:6:100"))]
+        threads = [
+            threading.Thread(target=post, args=(proxy.url, agent_body(text)), kwargs={"headers": {"x-stub": mode}})
+            for text, mode in (("long one", "slow:60:100"), ("short one", "slow:6:100"))
+        ]
         for thread, (text, _) in zip(threads, (("long one", ""), ("short one", "")), strict=True):
             thread.start()
             reached(stub, text)  # in this order: the long one on a slot first
@@ -508,8 +579,10 @@ def test_a_body_that_cannot_be_serialised_leaves_no_slot_busy(proxy_for: Any) ->
     unchanged and the slot it was about to take is not left busy for ever."""
     with Stub(slots=2) as stub:
         proxy = proxy_for(stub.url)
-        raw = (b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"},'
-               b'{"role":"assistant","content":"yes"},{"role":"user","content":"broken \\ud83d"}]}')
+        raw = (
+            b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"},'
+            b'{"role":"assistant","content":"yes"},{"role":"user","content":"broken \\ud83d"}]}'
+        )
         post(proxy.url, raw, path="/v1/messages")
         settled(proxy)  # the slot goes back in a worker just after the answer: not left busy for ever
 
@@ -525,8 +598,10 @@ def test_a_client_that_stops_reading_gives_its_slot_up(proxy_for: Any, stub: Any
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"x-stub: stream:400000\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"x-stub: stream:400000\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
     try:
         reached(stub, "never read")  # its answer streams into a socket nobody reads
         started = time.monotonic()
@@ -546,15 +621,18 @@ def test_a_client_that_leaves_while_waiting_for_its_slot_gets_no_prepare(proxy_f
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
         counting = SlowPreparer(build_preparer(settings, server_url=stub.url), delay=0.0)
         proxy = proxy_for(stub.url, preparer=counting)  # type: ignore[arg-type]
-        first = threading.Thread(target=post, args=(proxy.url, agent_body("holds the slot")),
-                                 kwargs={"headers": {"x-stub": "slow:20:100"}})
+        first = threading.Thread(
+            target=post, args=(proxy.url, agent_body("holds the slot")), kwargs={"headers": {"x-stub": "slow:20:100"}}
+        )
         first.start()
         reached(stub, "holds the slot")
         raw = json.dumps(agent_body("gives up")).encode()
         arrived = proxy.proxy.counters.snapshot().get("requests", 0)
         with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-                         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw)
+            )
             wait_until(lambda: proxy.proxy.counters.snapshot().get("requests", 0) > arrived, what="it did not arrive")
             time.sleep(0.3)  # and waits for the slot (a shorter stay only tests the earlier way out)
         first.join(SUITE_WAIT_S)
@@ -565,6 +643,7 @@ def test_a_client_that_leaves_while_waiting_for_its_slot_gets_no_prepare(proxy_f
 
 
 # -- fallbacks forward a body the server accepts (issue 18) ------------------------------------------
+
 
 def claude_code_request() -> tuple[dict[str, str], dict[str, Any]]:
     headers, body = capture(DATA / "claude-code-2.1.332" / "A1.json")
@@ -591,8 +670,9 @@ def test_an_oversized_claude_code_body_is_forwarded_normalised(proxy_for: Any, s
     assert counters["not_prepared:oversized"] == 1 and counters["normalised_unprepared:claude-code"] == 1
 
 
-def test_a_request_whose_planning_fails_is_forwarded_normalised(proxy_for: Any, stub: Any,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_request_whose_planning_fails_is_forwarded_normalised(
+    proxy_for: Any, stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     proxy = proxy_for(stub.url)
 
     def broken(*args: Any) -> None:
@@ -622,8 +702,10 @@ def test_a_pinned_chat_body_that_cannot_be_serialised_leaves_no_slot_held(proxy_
     so the next request for that slot does not wait out its deadline."""
     with Stub(slots=2) as stub:
         proxy = proxy_for(stub.url, bounds=Bounds(prepare_s=5))
-        raw = (b'{"model":"m","id_slot":-1,"messages":[{"role":"system","content":"be brief"},'
-               b'{"role":"user","content":"broken \\ud83d"}]}')
+        raw = (
+            b'{"model":"m","id_slot":-1,"messages":[{"role":"system","content":"be brief"},'
+            b'{"role":"user","content":"broken \\ud83d"}]}'
+        )
         assert post(proxy.url, raw).status_code == 200
         assert all(s["busy"] == 0 for s in proxy.status()["slots"].values()), proxy.status()["slots"]
         tracker = proxy.proxy.tracker
@@ -635,16 +717,16 @@ def test_a_pinned_chat_body_that_cannot_be_serialised_leaves_no_slot_held(proxy_
         assert "fail_open:slot_busy" not in proxy.counters()
 
 
-def test_a_request_queued_behind_busy_workers_waits_its_bound_from_arrival_not_twice(proxy_for: Any,
-                                                                                      stub: Any) -> None:
+def test_a_request_queued_behind_busy_workers_waits_its_bound_from_arrival_not_twice(proxy_for: Any, stub: Any) -> None:
     """Issue 36, defect 7: the deadline starts when a request arrives, not when a planning worker
     picks it up. One worker, -np 1, a first request holding the slot: the second waits in the
     worker for the slot, the third in the worker queue behind it. The third must go on once its
     own bound (counted from its arrival) is spent, not after its queue time plus a whole bound."""
     bound = 1.5
     proxy = proxy_for(stub.url, bounds=Bounds(prepare_s=bound), workers=1)
-    threading.Thread(target=post, args=(proxy.url, CHAT), kwargs={"headers": {"x-stub": "slow:60:100"}},
-                     daemon=True).start()  # holds slot 0 for ~6 s
+    threading.Thread(
+        target=post, args=(proxy.url, CHAT), kwargs={"headers": {"x-stub": "slow:60:100"}}, daemon=True
+    ).start()  # holds slot 0 for ~6 s
     reached(stub, "hi")
     waits: dict[int, float] = {}
 
@@ -671,12 +753,21 @@ def test_a_client_that_stalls_on_the_last_send_gives_its_slot_up(tmp_path: Path)
 
     with Stub(slots=2) as stub:
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc")})
-        proxy = Proxy(settings=settings, preparer=build_preparer(settings, server_url=stub.url),
-                      bounds=Bounds(client_stall_s=0.5))
+        proxy = Proxy(
+            settings=settings, preparer=build_preparer(settings, server_url=stub.url), bounds=Bounds(client_stall_s=0.5)
+        )
         body = json.dumps({**CHAT, "stream": False}).encode()
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
-                 "headers": [(b"host", b"127.0.0.1:8766"), (b"content-type", b"application/json"),
-                             (b"content-length", str(len(body)).encode())]}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [
+                (b"host", b"127.0.0.1:8766"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
         sent: list[dict[str, Any]] = []
         delivered = False
 

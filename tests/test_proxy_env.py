@@ -13,28 +13,30 @@ import pytest
 from typer.testing import CliRunner
 
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.doctor import proxy_env_check
-from oc_prefix_cache.proxy_env import covers, loopback_hosts, proxy_gap
+from oc_prefix_cache.commands.doctor import proxy_env_check
+from oc_prefix_cache.commands.proxy_env import covers, loopback_hosts, proxy_gap
 from oc_prefix_cache.settings import Settings
-
-from .proxy_stub import NO_PROXY_VARS, PROXY_VARS
+from tests.proxy_stub import NO_PROXY_VARS, PROXY_VARS
 
 URLS = ["http://127.0.0.1:4001", "http://127.0.0.1:4000", "http://127.0.0.1:8080"]
 
 
-@pytest.mark.parametrize(("value", "covered"), [
-    ("127.0.0.1", True),
-    ("localhost,127.0.0.1", True),
-    ("  localhost , 127.0.0.1 ", True),
-    ("localhost 127.0.0.1", True),  # undici and Bun also split on spaces
-    ("*", True),
-    ("localhost", False),  # the name: clients compare the URL's host as written
-    ("127.0.0.0/8", False),  # a CIDR: reqwest and requests honour it, httpx and undici do not
-    ("127.*", False),
-    (".0.0.1", False),  # a suffix: httpx takes it, requests and reqwest do not
-    ("127.0.0.1:4000", False),  # one port only
-    ("", False),
-])
+@pytest.mark.parametrize(
+    ("value", "covered"),
+    [
+        ("127.0.0.1", True),
+        ("localhost,127.0.0.1", True),
+        ("  localhost , 127.0.0.1 ", True),
+        ("localhost 127.0.0.1", True),  # undici and Bun also split on spaces
+        ("*", True),
+        ("localhost", False),  # the name: clients compare the URL's host as written
+        ("127.0.0.0/8", False),  # a CIDR: reqwest and requests honour it, httpx and undici do not
+        ("127.*", False),
+        (".0.0.1", False),  # a suffix: httpx takes it, requests and reqwest do not
+        ("127.0.0.1:4000", False),  # one port only
+        ("", False),
+    ],
+)
 def test_what_covers_127_0_0_1_for_every_agent(value: str, covered: bool) -> None:
     assert covers(value, "127.0.0.1") is covered
 
@@ -46,7 +48,10 @@ def test_a_name_is_covered_by_itself_and_by_its_domain() -> None:
 
 def test_only_this_machines_hosts_are_ocpcs_to_check() -> None:
     assert loopback_hosts([*URLS, "http://localhost:9", "http://gpu-box:8080", "http://[::1]:1"]) == (
-        "127.0.0.1", "localhost", "::1")
+        "127.0.0.1",
+        "localhost",
+        "::1",
+    )
 
 
 def test_no_proxy_variable_no_gap_and_a_covering_no_proxy_none_either() -> None:
@@ -99,7 +104,8 @@ def test_doctor_check_ok_without_proxy_variables_and_with_a_covering_no_proxy() 
 
 
 def test_install_warns_and_doctor_fails_naming_the_installed_agent(
-        isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _clean(monkeypatch)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.corp:3128")
     monkeypatch.setenv("NO_PROXY", "localhost")
@@ -109,7 +115,9 @@ def test_install_warns_and_doctor_fails_naming_the_installed_agent(
     settings = Settings.from_env()
     assert json.loads(config.read_text())["env"]["ANTHROPIC_BASE_URL"] == settings.proxy_url
     warning = [line for line in result.output.splitlines() if line.startswith("warning: ")]
-    assert len(warning) == 1 and "Claude Code would send the requests meant for ocpc's proxy" in warning[0], result.output
+    assert len(warning) == 1 and "Claude Code would send the requests meant for ocpc's proxy" in warning[0], (
+        result.output
+    )
     assert "NO_PROXY='localhost' does not list 127.0.0.1" in warning[0]
     assert "set: export NO_PROXY=localhost,127.0.0.1 no_proxy=localhost,127.0.0.1" in result.output
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.engine.tracker import SlotTracker
 from oc_prefix_cache.errors import LockTimeout
-from oc_prefix_cache.tracker import SlotTracker
-
-from .helpers import SUITE_WAIT_S
+from tests.helpers import SUITE_WAIT_S
 
 SERVER = "http://127.0.0.1:1"
 

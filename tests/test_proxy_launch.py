@@ -15,11 +15,10 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
-
-from .helpers import SUITE_WAIT_S
-from .test_launch import wait_for
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
+from tests.helpers import SUITE_WAIT_S
+from tests.test_launch import wait_for
 
 pytestmark = pytest.mark.rig
 
@@ -29,9 +28,25 @@ def launch(models: Any, tmp_path: Path, proxy_port: int) -> tuple[subprocess.Pop
     env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port)}
     log = tmp_path / f"launch-{proxy_port}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--port", str(port), "-m",
-                                 str(models["qwen35"]), "--", "-c", "4096"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oc_prefix_cache",
+                "launch",
+                "--port",
+                str(port),
+                "-m",
+                str(models["qwen35"]),
+                "--",
+                "-c",
+                "4096",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     wait_for(lambda: "ready:" in log.read_text() or proc.poll() is not None)
     return proc, port, daemon_port, log
 
@@ -53,8 +68,11 @@ def test_launch_serves_the_proxy_beside_the_daemon(models: Any, tmp_path: Path) 
         assert f"ocpc proxy on http://127.0.0.1:{proxy_port}" in ready  # one line, grep-able
         proxy = f"http://127.0.0.1:{proxy_port}"
         assert loopback.get(f"{proxy}/health", timeout=5).json()["status"] == "ok"  # passed through
-        answer = loopback.post(f"{proxy}/v1/chat/completions", timeout=60,
-                               json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        answer = loopback.post(
+            f"{proxy}/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert answer.status_code == 200 and "timings" in answer.json()
         status = loopback.get(f"{proxy}/ocpc/status", timeout=5).json()
         assert status["server"] == f"http://127.0.0.1:{port}" and status["counters"]["prepare:skipped"] == 1

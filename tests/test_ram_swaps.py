@@ -1,5 +1,5 @@
 """More conversations than slots, on the real server: the server's own RAM cache first, disk parks
-when it cannot keep them (ramcache.py, issue 17).
+when it cannot keep them (engine/ram_contents.py, issue 17).
 
 Each step is what a front door does on ``-np 2``: the broker takes a slot, the Preparer prepares
 it, the request runs pinned to it, the report comes back, the slot is given back. One request at
@@ -17,16 +17,15 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache.broker import Ask, returning
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.engine.broker import Ask, returning
+from oc_prefix_cache.engine.prepare import Preparer
 from oc_prefix_cache.harness import PiAdapter
-from oc_prefix_cache.prepare import Preparer
+from oc_prefix_cache.llama.client import SlotClient, Timings
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient, Timings
-from oc_prefix_cache.store import Store
-
-from . import workload
-from .helpers import capture_of, chat
+from tests import workload
+from tests.helpers import capture_of, chat
 
 pytestmark = pytest.mark.rig
 FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
@@ -43,8 +42,11 @@ class Pi:
 
     def next_body(self) -> dict[str, Any]:
         if self.turns:
-            self.body["messages"] = [*self.body["messages"], {"role": "assistant", "content": "ok"},
-                                     {"role": "user", "content": workload.tool_result(self.turns, lines=20)}]
+            self.body["messages"] = [
+                *self.body["messages"],
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": workload.tool_result(self.turns, lines=20)},
+            ]
         self.turns += 1
         return json.loads(json.dumps(self.body))
 
@@ -61,8 +63,11 @@ class Agents:
         self.url = url
         settings = Settings.from_env(dict(os.environ))
         self.client = SlotClient(url)
-        self.preparer = Preparer(settings=settings, client=self.client,
-                                 store=Store(index_path=settings.index_path, lock_path=settings.lock_path))
+        self.preparer = Preparer(
+            settings=settings,
+            client=self.client,
+            store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+        )
         self.prompts: dict[str, int] = {}
         self.rows: list[tuple[str, str, str, int, Timings, int]] = []
 
@@ -70,22 +75,33 @@ class Agents:
         body = conv.next_body()
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         broker = self.preparer.broker
-        taken = broker.take(Ask(conversation=conv.session, n_slots=broker.n_slots(), returning=returning(body)),
-                            deadline=Deadline.after(60))
+        taken = broker.take(
+            Ask(conversation=conv.session, n_slots=broker.n_slots(), returning=returning(body)),
+            deadline=Deadline.after(60),
+        )
         try:
             assert taken.hold is not None, taken.why_not
             with taken.hold.inside():  # as the proxy does: the prepare re-enters the slot it holds
-                result = self.preparer.prepare(raw, conv.headers(), slot=taken.slot, head_of=getattr(conv, "head_of", None))
+                result = self.preparer.prepare(
+                    raw, conv.headers(), slot=taken.slot, head_of=getattr(conv, "head_of", None)
+                )
             timings = chat(self.url, {**body, "id_slot": taken.slot})
-            self.preparer.report(fingerprint=result.fingerprint, cache_n=timings.cache_n, prompt_n=timings.prompt_n,
-                                 prepare_id=result.prepare_id, predicted_n=timings.predicted_n)
+            self.preparer.report(
+                fingerprint=result.fingerprint,
+                cache_n=timings.cache_n,
+                prompt_n=timings.prompt_n,
+                prepare_id=result.prepare_id,
+                predicted_n=timings.predicted_n,
+            )
         finally:
             broker.give_back(taken)
         new = timings.cache_n + timings.prompt_n - self.prompts.get(conv.session, 0)
         self.prompts[conv.session] = timings.cache_n + timings.prompt_n
         self.rows.append((conv.session, result.action, result.source, taken.slot, timings, new))
-        print(f"{conv.session:6} slot {taken.slot} {result.action:8} {result.source or '-':5} "
-              f"cache_n={timings.cache_n:6} prompt_n={timings.prompt_n:6} new={new:6}  {result.reason[:110]}")
+        print(
+            f"{conv.session:6} slot {taken.slot} {result.action:8} {result.source or '-':5} "
+            f"cache_n={timings.cache_n:6} prompt_n={timings.prompt_n:6} new={new:6}  {result.reason[:110]}"
+        )
         return result.source, timings, new
 
     def counters(self) -> Counter[str]:
@@ -105,7 +121,8 @@ def rounds(agents: Agents, convs: list[Any], n: int) -> list[tuple[str, Timings,
 
 @pytest.mark.parametrize("model", ["qwen35", "qwen3"])
 def test_conversations_outnumbering_slots_come_back_from_the_servers_ram_without_disk_parks(
-        llama_server: Any, model: str) -> None:
+    llama_server: Any, model: str
+) -> None:
     """Three conversations on two slots (two OpenCode projects, which share a head, and pi),
     with RAM to keep them all: every returning turn is swapped in by the server from its RAM
     cache (it copied each idle slot there when another request started, or stashed the
@@ -142,7 +159,8 @@ def test_where_the_ram_cache_cannot_keep_them_conversations_are_parked_to_disk(l
 
 @pytest.mark.parametrize("model", ["qwen35", "qwen3"])
 def test_a_conversation_too_short_to_park_is_stashed_in_ram_before_a_restore_displaces_it(
-        llama_server: Any, model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    llama_server: Any, model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A conversation whose tail is under the park minimum (here: every one) is not worth a file,
     and a restore is a slot action, which wipes the slot without the server stashing it. One
     token first makes the server stash it in its RAM cache, so its next turn comes back from RAM

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from oc_prefix_cache.decision import FileState, RequestFacts, SlotFacts, decide
-from oc_prefix_cache.ramcache import DEFAULT_CACHE_RAM_MIB, RamLimit, RamModel, swaps_from_ram
+from oc_prefix_cache.engine.decision import FileState, RequestFacts, SlotFacts, decide
+from oc_prefix_cache.engine.ram_contents import DEFAULT_CACHE_RAM_MIB, RamLimit, RamModel, swaps_from_ram
 
 
 def test_the_limit_is_read_as_the_server_reads_it() -> None:
@@ -36,10 +36,25 @@ def test_a_conversation_the_ram_cache_holds_is_left_to_the_server() -> None:
     """Below memory pressure ocpc must be invisible: the server swaps a returning conversation
     in from RAM faster than a disk park's restore (a slot action between batches), and it
     stashes the occupant itself, so nothing is parked on the request path."""
-    slot = SlotFacts(restarted=False, known=True, empty=False, holds_head="H", exact=False,
-                     holds_conversation="other", partial_cache=True, occupant_parkable=True)
-    back = RequestFacts(skip=None, conversation="ses_a", continues_slot=False, continuing=True, head="H",
-                        head_file=FileState.PROVEN, park=FileState.PROVEN)
+    slot = SlotFacts(
+        restarted=False,
+        known=True,
+        empty=False,
+        holds_head="H",
+        exact=False,
+        holds_conversation="other",
+        partial_cache=True,
+        occupant_parkable=True,
+    )
+    back = RequestFacts(
+        skip=None,
+        conversation="ses_a",
+        continues_slot=False,
+        continuing=True,
+        head="H",
+        head_file=FileState.PROVEN,
+        park=FileState.PROVEN,
+    )
     action = decide(replace(slot, occupant_stashable=True), replace(back, in_ram=True))
     assert (action.kind, action.target, action.park_first) == ("hit", "ram", False)
     action = decide(slot, replace(back, in_ram=True))  # no room left in RAM for the occupant: to disk first
@@ -81,10 +96,28 @@ def test_where_the_server_swaps_a_conversation_in_from_ram() -> None:
 
 
 def test_a_slot_the_server_would_not_swap_into_gets_one_unrelated_token_first() -> None:
-    slot = SlotFacts(restarted=False, known=True, empty=False, holds_head="H", exact=False,
-                     holds_conversation="other", partial_cache=True, occupant_parkable=True, occupant_stashable=True)
-    back = RequestFacts(skip=None, conversation="ses_a", continues_slot=False, continuing=True, head="H",
-                        head_file=FileState.PROVEN, park=FileState.PROVEN, in_ram=True, ram_here=False)
+    slot = SlotFacts(
+        restarted=False,
+        known=True,
+        empty=False,
+        holds_head="H",
+        exact=False,
+        holds_conversation="other",
+        partial_cache=True,
+        occupant_parkable=True,
+        occupant_stashable=True,
+    )
+    back = RequestFacts(
+        skip=None,
+        conversation="ses_a",
+        continues_slot=False,
+        continuing=True,
+        head="H",
+        head_file=FileState.PROVEN,
+        park=FileState.PROVEN,
+        in_ram=True,
+        ram_here=False,
+    )
     action = decide(slot, back)
     assert (action.kind, action.target, action.clear_first, action.park_first) == ("hit", "ram", True, False)
     empty = replace(slot, empty=True, holds_conversation="", occupant_parkable=False, holds_head=None)
@@ -96,10 +129,25 @@ def test_before_a_restore_the_occupant_goes_to_the_servers_ram_when_it_has_room(
     cache has room for the occupant, one unrelated token first makes the server stash it (no park
     to disk); without room, it is parked to disk first as before; a warm always parks (its own
     evaluation could load another conversation's cached prompt over the slot)."""
-    slot = SlotFacts(restarted=False, known=True, empty=False, holds_head="H", exact=False,
-                     holds_conversation="other", partial_cache=True, occupant_parkable=True)
-    back = RequestFacts(skip=None, conversation="ses_a", continues_slot=False, continuing=True, head="H",
-                        head_file=FileState.PROVEN, park=FileState.PROVEN)
+    slot = SlotFacts(
+        restarted=False,
+        known=True,
+        empty=False,
+        holds_head="H",
+        exact=False,
+        holds_conversation="other",
+        partial_cache=True,
+        occupant_parkable=True,
+    )
+    back = RequestFacts(
+        skip=None,
+        conversation="ses_a",
+        continues_slot=False,
+        continuing=True,
+        head="H",
+        head_file=FileState.PROVEN,
+        park=FileState.PROVEN,
+    )
     action = decide(replace(slot, occupant_stashable=True), back)
     assert (action.kind, action.target, action.clear_first, action.park_first) == ("restore", "park", True, False)
     action = decide(slot, back)

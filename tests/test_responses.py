@@ -12,27 +12,38 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.anthropic import TranslationError
+from oc_prefix_cache.chat.anthropic import TranslationError
+from oc_prefix_cache.chat.responses import prepared, to_chat
+from oc_prefix_cache.doors.relay import learn
+from oc_prefix_cache.engine.tracker import Observation
 from oc_prefix_cache.harness import CodexAdapter, Incoming
-from oc_prefix_cache.relay import learn
-from oc_prefix_cache.responses import prepared, to_chat
-from oc_prefix_cache.tracker import Observation
 
 TOOL = {"type": "function", "name": "shell", "description": "run", "parameters": {"type": "object"}}
 
 
 def test_a_codex_like_turn_becomes_the_servers_chat_body() -> None:
-    body = {"model": "m", "instructions": "be codex", "stream": True, "tools": [TOOL, {"type": "web_search"}],
-            "max_output_tokens": 99, "reasoning": {"effort": "low", "summary": "auto"}, "id_slot": 1,
-            "input": [
-                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox"}]},
-                {"type": "message", "role": "user", "content": "fix it"},
-                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
-                {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"},
-                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
-                {"type": "message", "role": "assistant", "status": "completed",
-                 "content": [{"type": "output_text", "text": "done"}]},
-            ]}
+    body = {
+        "model": "m",
+        "instructions": "be codex",
+        "stream": True,
+        "tools": [TOOL, {"type": "web_search"}],
+        "max_output_tokens": 99,
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "id_slot": 1,
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox"}]},
+            {"type": "message", "role": "user", "content": "fix it"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+            {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "done"}],
+            },
+        ],
+    }
     chat = to_chat(body)
     assert list(chat) == ["model", "stream", "id_slot", "messages", "tools", "max_tokens", "reasoning_effort"]
     assert chat["id_slot"] == 1  # kept: a Responses request can be pinned as it is
@@ -40,30 +51,44 @@ def test_a_codex_like_turn_becomes_the_servers_chat_body() -> None:
         {"role": "system", "content": "be codex"},
         {"role": "developer", "content": [{"text": "sandbox", "type": "text"}]},
         {"role": "user", "content": [{"text": "fix it", "type": "text"}]},
-        {"role": "assistant", "content": [], "reasoning_content": "hm",
-         "tool_calls": [{"function": {"arguments": "{}", "name": "shell"}, "id": "c1", "type": "function"}]},
+        {
+            "role": "assistant",
+            "content": [],
+            "reasoning_content": "hm",
+            "tool_calls": [{"function": {"arguments": "{}", "name": "shell"}, "id": "c1", "type": "function"}],
+        },
         {"content": "ok", "role": "tool", "tool_call_id": "c1"},
         {"role": "assistant", "content": [{"text": "done", "type": "text"}]},
     ]
-    assert chat["tools"] == [{"type": "function", "function": {"name": "shell", "description": "run",
-                                                               "parameters": {"type": "object"}, "strict": True}}]
+    assert chat["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "shell", "description": "run", "parameters": {"type": "object"}, "strict": True},
+        }
+    ]
     assert (chat["max_tokens"], chat["reasoning_effort"]) == (99, "low")
     assert body["input"][1]["content"] == "fix it"  # the client's body is not changed
 
 
 def test_a_plain_string_input_and_the_servers_refusals() -> None:
     assert to_chat({"input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
-    for bad, words in [({}, "'input' is required"), ({"input": "x", "previous_response_id": "r1"}, "previous_response_id"),
-                       ({"input": 3}, "string or array"), ({"input": [{"type": "mystery"}]}, "Cannot determine"),
-                       ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input_file"),
-                       ({"input": "x", "tools": {}}, "'tools' must be an array")]:
+    for bad, words in [
+        ({}, "'input' is required"),
+        ({"input": "x", "previous_response_id": "r1"}, "previous_response_id"),
+        ({"input": 3}, "string or array"),
+        ({"input": [{"type": "mystery"}]}, "Cannot determine"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input_file"),
+        ({"input": "x", "tools": {}}, "'tools' must be an array"),
+    ]:
         with pytest.raises(TranslationError, match=words):
             to_chat(bad)
 
 
 def test_the_reuse_numbers_of_a_whole_responses_answer_come_from_its_usage() -> None:
-    tail = (b'{"id":"resp_1","object":"response","output":[],"status":"completed","usage":{"input_tokens":900,'
-            b'"output_tokens":5,"total_tokens":905,"input_tokens_details":{"cached_tokens":850}}}')
+    tail = (
+        b'{"id":"resp_1","object":"response","output":[],"status":"completed","usage":{"input_tokens":900,'
+        b'"output_tokens":5,"total_tokens":905,"input_tokens_details":{"cached_tokens":850}}}'
+    )
     learned = learn(tail)
     assert learned is not None and (learned.cache_n, learned.prompt_n, learned.predicted_n) == (850, 50, 5)
 
@@ -88,8 +113,9 @@ def server_prompt(url: str, log_dir: Path, body: dict[str, Any]) -> tuple[httpx.
 
 
 @pytest.mark.rig
-def test_the_servers_own_rendering_of_a_responses_request_is_the_prepared_chat_bodys(llama_server: Any,
-                                                                                      tmp_path: Path) -> None:
+def test_the_servers_own_rendering_of_a_responses_request_is_the_prepared_chat_bodys(
+    llama_server: Any, tmp_path: Path
+) -> None:
     """What the proxy prepares is what the server runs: for Codex's captured requests (and a later
     turn with a tool call and its output), normalised, `/apply-template` of `prepared(body)` equals
     the prompt the server renders for the `/v1/responses` request itself (`--log-prompts-dir`; a
@@ -102,7 +128,8 @@ def test_the_servers_own_rendering_of_a_responses_request_is_the_prepared_chat_b
         {"type": "function_call", "name": "exec_command", "arguments": '{"cmd":"ls"}', "call_id": "call_1"},
         {"type": "function_call_output", "call_id": "call_1", "output": "README.md\ncalc.py"},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and now?"}]}]
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and now?"}]},
+    ]
     codex = CodexAdapter()
     for name, raw in (("A1", codex_body("A1")), ("B1", codex_body("B1")), ("A1 later turn", later)):
         refused, _ = server_prompt(server.url, log_dir, raw)  # as Codex sends it: two system messages

@@ -12,7 +12,15 @@ from typer.testing import CliRunner
 
 from oc_prefix_cache.cli import app
 from oc_prefix_cache.errors import RigError
-from oc_prefix_cache.rig import SDIST_NAME, SDIST_VERSION, MachineKey, cpu_features, find_server, machine_key, rig_for
+from oc_prefix_cache.rig.build import (
+    SDIST_NAME,
+    SDIST_VERSION,
+    MachineKey,
+    cpu_features,
+    find_server,
+    machine_key,
+    rig_for,
+)
 from oc_prefix_cache.settings import Settings
 
 X86 = """processor\t: 0
@@ -67,9 +75,15 @@ def test_a_build_from_another_cpu_is_never_used(tmp_path: Path, monkeypatch: pyt
     restored on one without AMX (or the reverse) ran there, and could die with SIGILL."""
     here = machine_key()  # (cached: conftest computes it before any test changes PATH)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no llama-server on PATH
-    settings = Settings.from_env({"OC_PREFIX_CACHE_RIG_DIR": str(tmp_path / "rig"), "OC_PREFIX_CACHE_HOME": str(tmp_path)})
-    other = MachineKey(arch=here.arch, cpu_source=here.cpu_source,
-                       cpu_features=(*here.cpu_features, "amx_tile"), compilers=here.compilers)
+    settings = Settings.from_env(
+        {"OC_PREFIX_CACHE_RIG_DIR": str(tmp_path / "rig"), "OC_PREFIX_CACHE_HOME": str(tmp_path)}
+    )
+    other = MachineKey(
+        arch=here.arch,
+        cpu_source=here.cpu_source,
+        cpu_features=(*here.cpu_features, "amx_tile"),
+        compilers=here.compilers,
+    )
     fake_build(settings.rig_dir / f"{SDIST_NAME}-{SDIST_VERSION}")  # the old layout: which CPU made it is unknown
     fake_build(rig_for(settings, other).root)
     assert rig_for(settings, other).is_built() and not rig_for(settings).is_built()

@@ -12,21 +12,30 @@ from typing import Any
 
 import pytest
 
-from oc_prefix_cache import ahead, loopback
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import Supervised
-from oc_prefix_cache.proxy_server import ProxyServer, build_proxy
-from oc_prefix_cache.router import RouterProxy, is_router
-from oc_prefix_cache.server_info import child_process
+from oc_prefix_cache import loopback
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_proxy
+from oc_prefix_cache.doors.router import RouterProxy, is_router
+from oc_prefix_cache.engine import park_ahead as ahead
+from oc_prefix_cache.llama.server_info import child_process
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import Supervised
 from oc_prefix_cache.settings import Settings
-
-from . import workload
-from .helpers import SUITE_WAIT_S, TEST_SERVER_ARGS, chat
-from .test_parking import MARKUP
+from tests import workload
+from tests.helpers import SUITE_WAIT_S, TEST_SERVER_ARGS, chat
+from tests.test_parking import MARKUP
 
 pytestmark = pytest.mark.rig
-FLAGS = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics", "--swa-full",
-         "--no-repack")
+FLAGS = (
+    "--ctx-checkpoints",
+    "32",
+    "--checkpoint-min-step",
+    "1024",
+    "-ub",
+    "512",
+    "--metrics",
+    "--swa-full",
+    "--no-repack",
+)
 
 
 def model_status(url: str) -> dict[str, str]:
@@ -34,8 +43,9 @@ def model_status(url: str) -> dict[str, str]:
     return {m["id"]: m["status"]["value"] for m in data["data"]}
 
 
-def start_router(rig: Any, models: dict[str, Path], tmp_path: Path,
-                 names: tuple[str, ...], *, parallel: int = 1) -> tuple[Settings, Supervised, str]:
+def start_router(
+    rig: Any, models: dict[str, Path], tmp_path: Path, names: tuple[str, ...], *, parallel: int = 1
+) -> tuple[Settings, Supervised, str]:
     """A llama-server router over ``names`` (`--models-max 1`, ``parallel`` slots per model), writing
     into an ocpc home of the test."""
     folder = tmp_path / "models"
@@ -46,16 +56,36 @@ def start_router(rig: Any, models: dict[str, Path], tmp_path: Path,
     settings.slot_dir.mkdir(parents=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    router = Supervised(name="llama-server router", argv=[
-        str(rig.server), "--models-dir", str(folder), "--models-max", "1", "--host", "127.0.0.1", "--port", str(port),
-        "-c", str(16384 * parallel), "-np", str(parallel), "--slot-save-path", str(settings.slot_dir), *FLAGS],
-        health_url=f"{url}/health", log_path=tmp_path / "router.log")
+    router = Supervised(
+        name="llama-server router",
+        argv=[
+            str(rig.server),
+            "--models-dir",
+            str(folder),
+            "--models-max",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(16384 * parallel),
+            "-np",
+            str(parallel),
+            "--slot-save-path",
+            str(settings.slot_dir),
+            *FLAGS,
+        ],
+        health_url=f"{url}/health",
+        log_path=tmp_path / "router.log",
+    )
     router.start(timeout=120)
     return settings, router, url
 
 
-def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, models: dict[str, Path],
-                                                                      tmp_path: Path) -> None:
+def test_a_conversation_comes_back_after_the_router_unloads_its_model(
+    rig: Any, models: dict[str, Path], tmp_path: Path
+) -> None:
     settings, router, url = start_router(rig, models, tmp_path, ("qwen35", "qwen3", "gemma3"))
     proxy = None
     try:
@@ -70,8 +100,7 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
 
         def turn(who: str, conv: workload.Conversation) -> dict[str, Any]:
             timings = chat(proxy.url, conv.next_body())
-            row = {"who": who, "cache_n": timings.cache_n, "prompt_n": timings.prompt_n,
-                   "status": model_status(url)}
+            row = {"who": who, "cache_n": timings.cache_n, "prompt_n": timings.prompt_n, "status": model_status(url)}
             rows.append(row)
             return row
 
@@ -105,17 +134,17 @@ def test_a_conversation_comes_back_after_the_router_unloads_its_model(rig: Any, 
         router.stop()
 
 
-def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: dict[str, Path],
-                                                                         tmp_path: Path) -> None:
+def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
     import os
     import signal
     import subprocess
     import sys
 
-    from oc_prefix_cache.process import stop_group
-
-    from .test_launch import wait_for
-    from .test_proxy import capture
+    from oc_prefix_cache.llama.supervisor import stop_group
+    from tests.test_launch import wait_for
+    from tests.test_proxy import capture
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -125,17 +154,44 @@ def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: 
     env = {**os.environ, "OC_PREFIX_CACHE_DAEMON_PORT": str(daemon_port), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port)}
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--models-dir", str(folder),
-                                     "--port", str(port), "--", "-c", "8192", *TEST_SERVER_ARGS],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oc_prefix_cache",
+                "launch",
+                "--models-dir",
+                str(folder),
+                "--port",
+                str(port),
+                "--",
+                "-c",
+                "8192",
+                *TEST_SERVER_ARGS,
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for(lambda: "ready: llama-server" in log.read_text())
         headers, body = capture(Path(__file__).parent / "data" / "pi-0.73.1" / "A1.json")
-        answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
-                               json={**body, "model": "qwen3", "max_tokens": 2})
+        answer = loopback.post(
+            f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+            headers=headers,
+            timeout=120,
+            json={**body, "model": "qwen3", "max_tokens": 2},
+        )
         assert answer.status_code == 200, answer.text[:300]
-        wait_for(lambda: loopback.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()["models"]
-                 .get("qwen3", {}).get("recent"))
+        wait_for(
+            lambda: (
+                loopback.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5)
+                .json()["models"]
+                .get("qwen3", {})
+                .get("recent")
+            )
+        )
         status = loopback.get(f"http://127.0.0.1:{proxy_port}/ocpc/status", timeout=5).json()
         assert status["models"]["qwen3"]["recent"][-1]["action"] == "warmed", status
         launcher.send_signal(signal.SIGTERM)
@@ -147,12 +203,13 @@ def test_launch_with_a_models_dir_runs_the_router_and_a_proxy_per_model(models: 
     assert "llama-server's router, at most 1 loaded" in said, said
 
 
-def test_the_plugins_daemon_keeps_a_preparer_per_router_model(rig: Any, models: dict[str, Path],
-                                                               tmp_path: Path) -> None:
+def test_the_plugins_daemon_keeps_a_preparer_per_router_model(
+    rig: Any, models: dict[str, Path], tmp_path: Path
+) -> None:
     """OpenCode's path: the daemon in front of a router prepares each model on its own Preparer
     (keyed per model), and a report goes back to the Preparer that made its prepare."""
-    from oc_prefix_cache.daemon import Daemon
     from oc_prefix_cache.deadline import Deadline
+    from oc_prefix_cache.doors.daemon import Daemon
 
     settings, router, url = start_router(rig, models, tmp_path, ("qwen35", "qwen3"))
     daemon = Daemon(settings=settings, server_url=url, port=0)
@@ -165,8 +222,13 @@ def test_the_plugins_daemon_keeps_a_preparer_per_router_model(rig: Any, models: 
             raw = json.dumps(body).encode()
             answer = daemon.prepare(raw, conv.headers(), deadline=Deadline.after(120))
             timings = chat(url, body)
-            daemon.report(fingerprint=answer["fingerprint"] or "", cache_n=timings.cache_n, prompt_n=timings.prompt_n,
-                          prepare_id=answer["prepare_id"], predicted_n=timings.predicted_n)
+            daemon.report(
+                fingerprint=answer["fingerprint"] or "",
+                cache_n=timings.cache_n,
+                prompt_n=timings.prompt_n,
+                prepare_id=answer["prepare_id"],
+                predicted_n=timings.predicted_n,
+            )
             seen.setdefault(model, []).append((answer["action"], timings.cache_n, timings.prompt_n))
         status = daemon.status()
         print("\n" + json.dumps(seen))
@@ -216,7 +278,8 @@ def wait_for(check: Any, what: str, timeout: float = SUITE_WAIT_S) -> Any:
 
 
 def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_session(
-        rig: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    rig: Any, models: dict[str, Path], tmp_path: Path
+) -> None:
     """Router mode's warm start (router.LoadWatch): qwen35 on two slots is used (its heads saved),
     qwen3 evicts it, then one request loads it again. The slot that request takes is left to its
     own prepare; qwen35's other slot gets its head back from disk while nothing asks, so the next
@@ -229,8 +292,15 @@ def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_s
 
     def turn(who: str, conv: workload.Conversation) -> dict[str, Any]:
         timings, record = send(proxy.url, conv)  # type: ignore[union-attr]
-        row = {"who": who, "action": record["action"], "slot": record.get("slot"), "prefix": record["prefix_tokens"],
-               "cache_n": timings["cache_n"], "prompt_n": timings["prompt_n"], "status": model_status(url)}
+        row = {
+            "who": who,
+            "action": record["action"],
+            "slot": record.get("slot"),
+            "prefix": record["prefix_tokens"],
+            "cache_n": timings["cache_n"],
+            "prompt_n": timings["prompt_n"],
+            "status": model_status(url),
+        }
         rows.append(row)
         return row
 
@@ -289,7 +359,7 @@ def test_a_model_the_router_loads_again_has_its_heads_restored_before_the_next_s
 def test_a_router_models_key_names_the_routers_port() -> None:
     """A router model's Preparer is keyed ``<router>#model=<id>``; its port is the router's, so the
     router's command line (the fingerprint's KV flags, the launch's runtime file) is found."""
-    from oc_prefix_cache.server_info import port_of, same_server
+    from oc_prefix_cache.llama.server_info import port_of, same_server
 
     assert port_of("http://127.0.0.1:9000#model=qwen35") == 9000
     assert port_of("http://localhost#model=m") == 80

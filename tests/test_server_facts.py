@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 
 from oc_prefix_cache.errors import SlotRestoreFailed
-from oc_prefix_cache.slot_client import SlotClient, Timings
-
-from . import workload
-from .helpers import PROJ_A, PROJ_B, capture, capture_of, chat, head_tokens
+from oc_prefix_cache.llama.client import SlotClient, Timings
+from tests import workload
+from tests.helpers import PROJ_A, PROJ_B, capture, capture_of, chat, head_tokens
 
 pytestmark = pytest.mark.rig
 
@@ -92,9 +91,8 @@ def _pinned(url: str, body: dict, slot: int) -> Timings:
 
 
 @pytest.mark.parametrize("model", ["qwen35", "qwen3"])
-def test_the_ram_cache_swaps_a_conversation_back_only_where_the_slot_keeps_under_half(
-        llama_server, model: str) -> None:
-    """What ramcache.py models (b11434, `--cache-ram` with `--cache-idle-slots`, its defaults):
+def test_the_ram_cache_swaps_a_conversation_back_only_where_the_slot_keeps_under_half(llama_server, model: str) -> None:
+    """What engine/ram_contents.py models (b11434, `--cache-ram` with `--cache-idle-slots`, its defaults):
     1. a request starting anywhere copies every idle slot's prompt into the RAM cache, so a
        conversation wiped from its slot later (a slot action: restore, erase) is still there;
     2. a request pinned to an empty slot is NOT loaded from that copy (the server's ``f_keep``
@@ -102,8 +100,12 @@ def test_the_ram_cache_swaps_a_conversation_back_only_where_the_slot_keeps_under
     3. pinned to a slot holding a short conversation with the same head, the server keeps the
        shared head (``f_keep`` >= 0.5) and re-processes the rest: no swap;
     4. pinned to a slot holding an unrelated conversation, it is swapped in from RAM."""
-    server = llama_server(model, parallel=2, ctx_size=2 * 16384, extra_args=(
-        "--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--cache-ram", "2048"))
+    server = llama_server(
+        model,
+        parallel=2,
+        ctx_size=2 * 16384,
+        extra_args=("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--cache-ram", "2048"),
+    )
     a, b = workload.parent("ses_a"), workload.other_project("ses_b")
     pi = {k: v for k, v in capture_of("pi-0.73.1/A1.json").items() if k in ("messages", "tools", "model")}
     first_a = _pinned(server.url, a.next_body(), 0)
@@ -123,8 +125,10 @@ def test_the_ram_cache_swaps_a_conversation_back_only_where_the_slot_keeps_under
     trapped = _pinned(server.url, a.next_body(), 1)  # over b: the same head, b short
     print(f"{model}: a over b (same head, short): cache_n={trapped.cache_n} prompt_n={trapped.prompt_n}, head {head}")
     assert trapped.cache_n < head + 64 and trapped.prompt_n > 1000
-    pi_back = {**pi, "messages": pi["messages"] + [{"role": "assistant", "content": "ok"},
-                                                   {"role": "user", "content": "and now?"}]}
+    pi_back = {
+        **pi,
+        "messages": pi["messages"] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and now?"}],
+    }
     swapped = _pinned(server.url, pi_back, 0)  # over a (unrelated): pi comes back from RAM
     print(f"{model}: pi over a (unrelated): cache_n={swapped.cache_n} prompt_n={swapped.prompt_n}")
     assert swapped.prompt_n < 64 and swapped.cache_n > 1000

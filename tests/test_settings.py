@@ -11,22 +11,32 @@ from hypothesis import given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
+from oc_prefix_cache.disk.gc import GB
 from oc_prefix_cache.errors import ConfigError
-from oc_prefix_cache.gc import GB
 from oc_prefix_cache.settings import ENV_VARS, Settings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-NUMBERS = ("OC_PREFIX_CACHE_TTL_DAYS", "OC_PREFIX_CACHE_MAX_GB", "OC_PREFIX_CACHE_PARK_TTL_HOURS",
-           "OC_PREFIX_CACHE_PARK_MAX_GB")
+NUMBERS = (
+    "OC_PREFIX_CACHE_TTL_DAYS",
+    "OC_PREFIX_CACHE_MAX_GB",
+    "OC_PREFIX_CACHE_PARK_TTL_HOURS",
+    "OC_PREFIX_CACHE_PARK_MAX_GB",
+)
 
 
 def test_settings_defaults_and_overrides(tmp_path: Path) -> None:
     s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path)})
     assert s.slot_dir == tmp_path / "slots" and s.index_path == tmp_path / "index.json"
     assert (s.slot, s.ttl_days, s.keep_recent, s.markers) == (0, 30.0, 3, ("<env>",))
-    s = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(tmp_path), "OC_PREFIX_CACHE_SLOT_DIR": "/srv/slots",
-                           "OC_PREFIX_CACHE_MAX_GB": "2.5", "OC_PREFIX_CACHE_MARKERS": "<env>, <dir>",
-                           "OC_PREFIX_CACHE_BASE_URL": "http://h:1/"})
+    s = Settings.from_env(
+        {
+            "OC_PREFIX_CACHE_HOME": str(tmp_path),
+            "OC_PREFIX_CACHE_SLOT_DIR": "/srv/slots",
+            "OC_PREFIX_CACHE_MAX_GB": "2.5",
+            "OC_PREFIX_CACHE_MARKERS": "<env>, <dir>",
+            "OC_PREFIX_CACHE_BASE_URL": "http://h:1/",
+        }
+    )
     assert s.slot_dir == Path("/srv/slots") and s.max_gb == 2.5 and s.markers == ("<env>", "<dir>")
     assert s.base_url == "http://h:1"
 
@@ -48,13 +58,21 @@ def test_park_settings_and_off_switches() -> None:
     assert Settings.from_env({"OC_PREFIX_CACHE_PARK_AHEAD_S": "2.5"}).park_ahead_s == 2.5
 
 
-@pytest.mark.parametrize(("name", "value", "needle"), [
-    ("OC_PREFIX_CACHE_SLOT", "x", "whole number"), ("OC_PREFIX_CACHE_SLOT", "-1", ">= 0"),
-    ("OC_PREFIX_CACHE_MAX_GB", "lots", "GB"), ("OC_PREFIX_CACHE_TTL_DAYS", "-3", "negative"),
-    ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "-1", "negative"), ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "soon", "number"),
-    ("OC_PREFIX_CACHE_PARK_MAX_GB", "-2", "positive"), ("OC_PREFIX_CACHE_PARK_MAX_GB", "big", "GB"),
-    ("OC_PREFIX_CACHE_MARKERS", " , ", "empty"), ("OC_PREFIX_CACHE_DAEMON_HOST", "0.0.0.0", "loopback"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("OC_PREFIX_CACHE_SLOT", "x", "whole number"),
+        ("OC_PREFIX_CACHE_SLOT", "-1", ">= 0"),
+        ("OC_PREFIX_CACHE_MAX_GB", "lots", "GB"),
+        ("OC_PREFIX_CACHE_TTL_DAYS", "-3", "negative"),
+        ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "-1", "negative"),
+        ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "soon", "number"),
+        ("OC_PREFIX_CACHE_PARK_MAX_GB", "-2", "positive"),
+        ("OC_PREFIX_CACHE_PARK_MAX_GB", "big", "GB"),
+        ("OC_PREFIX_CACHE_MARKERS", " , ", "empty"),
+        ("OC_PREFIX_CACHE_DAEMON_HOST", "0.0.0.0", "loopback"),
+    ],
+)
 def test_bad_settings_name_the_variable(name: str, value: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
         Settings.from_env({name: value})
@@ -86,14 +104,23 @@ WHOLE = ("OC_PREFIX_CACHE_SLOT", "OC_PREFIX_CACHE_KEEP_RECENT", "OC_PREFIX_CACHE
 EVERY_NUMBER = (*PORTS, *WHOLE, *NUMBERS, "OC_PREFIX_CACHE_PARK_AHEAD_S")
 
 
-@pytest.mark.parametrize(("name", "value", "needle"), [
-    ("OC_PREFIX_CACHE_DAEMON_PORT", "70000", "1 to 65535"), ("OC_PREFIX_CACHE_PROXY_PORT", "65536", "1 to 65535"),
-    ("OC_PREFIX_CACHE_DAEMON_PORT", "0", "1 to 65535"), ("OC_PREFIX_CACHE_PROXY_PORT", "-1", "1 to 65535"),
-    ("OC_PREFIX_CACHE_DAEMON_PORT", "http", "not a TCP port"), ("OC_PREFIX_CACHE_SLOT", str(2**31), "too large"),
-    ("OC_PREFIX_CACHE_MAX_GB", "1e300", "too large"), ("OC_PREFIX_CACHE_PARK_MAX_GB", "1e7", "too large"),
-    ("OC_PREFIX_CACHE_TTL_DAYS", "1e9", "too large"), ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "1e12", "too large"),
-    ("OC_PREFIX_CACHE_PARK_AHEAD_S", "soon", "seconds"), ("OC_PREFIX_CACHE_PARK_AHEAD_S", "1e6", "too large"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "needle"),
+    [
+        ("OC_PREFIX_CACHE_DAEMON_PORT", "70000", "1 to 65535"),
+        ("OC_PREFIX_CACHE_PROXY_PORT", "65536", "1 to 65535"),
+        ("OC_PREFIX_CACHE_DAEMON_PORT", "0", "1 to 65535"),
+        ("OC_PREFIX_CACHE_PROXY_PORT", "-1", "1 to 65535"),
+        ("OC_PREFIX_CACHE_DAEMON_PORT", "http", "not a TCP port"),
+        ("OC_PREFIX_CACHE_SLOT", str(2**31), "too large"),
+        ("OC_PREFIX_CACHE_MAX_GB", "1e300", "too large"),
+        ("OC_PREFIX_CACHE_PARK_MAX_GB", "1e7", "too large"),
+        ("OC_PREFIX_CACHE_TTL_DAYS", "1e9", "too large"),
+        ("OC_PREFIX_CACHE_PARK_TTL_HOURS", "1e12", "too large"),
+        ("OC_PREFIX_CACHE_PARK_AHEAD_S", "soon", "seconds"),
+        ("OC_PREFIX_CACHE_PARK_AHEAD_S", "1e6", "too large"),
+    ],
+)
 def test_numbers_out_of_range_are_refused_with_what_to_give(name: str, value: str, needle: str) -> None:
     """A daemon port of 70000 once passed here and crashed the bind with an OverflowError after
     `ocpc launch` had started llama-server; MAX_GB=1e300 overflowed gc's byte count to infinity."""
@@ -107,8 +134,31 @@ raw_numbers = st.one_of(
     st.integers(min_value=-(10**40), max_value=10**40).map(str),
     st.floats().map(repr),
     st.floats(allow_nan=False).map(lambda f: f"{f:g}"),
-    st.sampled_from(["0", "1", "65535", "65536", "70000", "2147483647", "2147483648", "off", "OFF", " none ",
-                     "nan", "inf", "-inf", "1e400", "-0", " 8 ", "1_000", "0x10", "1e-400", "9" * 5000, "٣"]),
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "65535",
+            "65536",
+            "70000",
+            "2147483647",
+            "2147483648",
+            "off",
+            "OFF",
+            " none ",
+            "nan",
+            "inf",
+            "-inf",
+            "1e400",
+            "-0",
+            " 8 ",
+            "1_000",
+            "0x10",
+            "1e-400",
+            "9" * 5000,
+            "٣",
+        ]
+    ),
 )
 
 

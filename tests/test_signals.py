@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from oc_prefix_cache.process import pid_alive
-
-from .helpers import SUITE_WAIT_S
+from oc_prefix_cache.llama.supervisor import pid_alive
+from tests.helpers import SUITE_WAIT_S
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parent.parent
-HOLDS_A_SERVER = '''
+HOLDS_A_SERVER = """
 import os, time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ def test_holds_a_server(llama_server):
     server = llama_server("qwen3")
     Path(os.environ["OCPC_TEST_PID_FILE"]).write_text(str(server.pid))
     time.sleep(600)
-'''
+"""
 
 
 def test_a_run_stopped_by_sigterm_stops_the_servers_its_tests_started(tmp_path: Path) -> None:
@@ -36,8 +35,13 @@ def test_a_run_stopped_by_sigterm_stops_the_servers_its_tests_started(tmp_path: 
     child.write_text(HOLDS_A_SERVER)
     pid_file = tmp_path / "server.pid"
     env = {**os.environ, "OCPC_TEST_PID_FILE": str(pid_file), "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-                            str(child)], cwd=child.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(child)],
+        cwd=child.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     server_pid = 0
     try:
         end = time.monotonic() + SUITE_WAIT_S

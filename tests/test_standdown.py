@@ -3,9 +3,9 @@ test_families.py show them on the real one)."""
 
 from __future__ import annotations
 
-from oc_prefix_cache.families import CacheFacts, Family, family_of
-from oc_prefix_cache.server_info import cache_facts
-from oc_prefix_cache.standdown import MISSES, StandDown
+from oc_prefix_cache.engine.standdown import MISSES, StandDown
+from oc_prefix_cache.llama.families import CacheFacts, Family, family_of
+from oc_prefix_cache.llama.server_info import cache_facts
 
 
 def test_one_failed_probe_is_the_files_fault_two_on_one_process_are_the_servers() -> None:

@@ -15,34 +15,47 @@ from typing import Any
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.events import Event, EventLog, read_events
-from oc_prefix_cache.proxy import Proxy
-from oc_prefix_cache.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.commands.stats import bars, gather, summarise, total
+from oc_prefix_cache.disk.events import Event, EventLog, read_events
+from oc_prefix_cache.doors.proxy import Proxy
+from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.slot_client import SlotClient
-from oc_prefix_cache.stats import bars, gather, summarise, total
-
-from .helpers import SUITE_WAIT_S
-from .test_e2e_claude_code import END_AT_ONCE
-from .test_proxy import capture
+from tests.helpers import SUITE_WAIT_S
+from tests.test_e2e_claude_code import END_AT_ONCE
+from tests.test_proxy import capture
 
 DATA = Path(__file__).parent / "data"
 
 
 def event(**kw: Any) -> Event:
-    base: dict[str, Any] = {"at": time.time(), "door": "proxy", "server": "http://s", "slot": 0, "harness": "pi",
-                            "action": "hit", "source": "slot", "cache_n": 0, "prompt_n": 0, "prompt_ms": None}
+    base: dict[str, Any] = {
+        "at": time.time(),
+        "door": "proxy",
+        "server": "http://s",
+        "slot": 0,
+        "harness": "pi",
+        "action": "hit",
+        "source": "slot",
+        "cache_n": 0,
+        "prompt_n": 0,
+        "prompt_ms": None,
+    }
     return Event(**{**base, **kw})
 
 
 def test_only_what_ocpc_restored_counts_as_saved_and_its_own_prefill_is_a_cost() -> None:
-    stats = summarise([
-        event(action="warmed", source="", cache_n=0, prompt_n=8000, prompt_ms=8000.0),  # 1000 tok/s
-        event(action="restored", source="head", cache_n=7000, prompt_n=100, prompt_ms=100.0),
-        event(action="hit", source="slot", cache_n=7100, prompt_n=50),  # plain llama-server has this too
-        event(action="restored", source="ram", cache_n=6000, prompt_n=10),  # the server's own RAM cache
-        event(door="ocpc", harness="ocpc", action="prefill", source="", cache_n=7000, prompt_n=2000, prompt_ms=2000.0),
-    ])
+    stats = summarise(
+        [
+            event(action="warmed", source="", cache_n=0, prompt_n=8000, prompt_ms=8000.0),  # 1000 tok/s
+            event(action="restored", source="head", cache_n=7000, prompt_n=100, prompt_ms=100.0),
+            event(action="hit", source="slot", cache_n=7100, prompt_n=50),  # plain llama-server has this too
+            event(action="restored", source="ram", cache_n=6000, prompt_n=10),  # the server's own RAM cache
+            event(
+                door="ocpc", harness="ocpc", action="prefill", source="", cache_n=7000, prompt_n=2000, prompt_ms=2000.0
+            ),
+        ]
+    )
     rows = {r.harness: r for r in stats.rows}
     assert rows["pi"].requests == 4 and rows["pi"].reused == 20100 and rows["pi"].saved == 7000
     assert rows["pi"].processed == 8160 and rows["pi"].saved_s == pytest.approx(7.0)
@@ -91,9 +104,14 @@ def test_stats_match_the_servers_own_metrics_over_a_replayed_session(llama_serve
     processed = after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"]
     assert sum(e.prompt_n for e in events) == processed, events
     png = tmp_path / "stats.png"
-    out = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "stats", "--json", "--png", str(png)],
-                         capture_output=True, text=True, timeout=120, check=True,
-                         env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
+    out = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "stats", "--json", "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)},
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the chart of the day
     data = json.loads(out.stdout)
     pi = [r for r in data["rows"] if r["harness"].startswith("pi")]
@@ -126,8 +144,15 @@ def test_a_week_across_a_daylight_saving_change_is_seven_local_dates(berlin: Non
     log.write(event(at=_local(dt.date(2026, 3, 29), 3, 30), source="head", cache_n=900))  # after the change
     stats = gather(tmp_path, days=7, now=now)
     assert [(r.day, r.saved) for r in stats.rows] == [("2026-03-24", 700), ("2026-03-29", 900)]
-    assert stats.days == ("2026-03-24", "2026-03-25", "2026-03-26", "2026-03-27", "2026-03-28", "2026-03-29",
-                          "2026-03-30")
+    assert stats.days == (
+        "2026-03-24",
+        "2026-03-25",
+        "2026-03-26",
+        "2026-03-27",
+        "2026-03-28",
+        "2026-03-29",
+        "2026-03-30",
+    )
 
 
 def test_stats_over_several_days_of_a_rolled_over_log(tmp_path: Path) -> None:
@@ -139,7 +164,8 @@ def test_stats_over_several_days_of_a_rolled_over_log(tmp_path: Path) -> None:
     today = dt.date.today()
     plan = [  # (days back, hour, minute, second, harness, source, cache_n, prompt_n)
         (9, 12, 0, 0, "pi", "head", 111, 10),  # rolled out with the first generation
-        (5, 9, 0, 0, "pi", "head", 4000, 100), (5, 23, 59, 30, "claude-cli", "park", 3000, 50),
+        (5, 9, 0, 0, "pi", "head", 4000, 100),
+        (5, 23, 59, 30, "claude-cli", "park", 3000, 50),
         (4, 0, 0, 30, "claude-cli", "slot", 8000, 40),  # 60 s later, but the next local date
         (2, 15, 0, 0, "pi", "proj", 6000, 200),
     ]
@@ -151,22 +177,34 @@ def test_stats_over_several_days_of_a_rolled_over_log(tmp_path: Path) -> None:
         for _ in range(3 if back == 9 else 1):
             written.append(event(at=at, harness=harness, source=source, cache_n=cache_n, prompt_n=prompt_n))
             log.write(written[-1])
-    log.write(event(at=time.time() - 1, door="ocpc", harness="ocpc", action="prefill", source="", prompt_n=300,
-                    prompt_ms=300.0))
+    log.write(
+        event(
+            at=time.time() - 1, door="ocpc", harness="ocpc", action="prefill", source="", prompt_n=300, prompt_ms=300.0
+        )
+    )
     assert (folder / "events.jsonl.1").exists()
     assert all(e.cache_n != 111 for e in read_events(folder))  # the oldest generation was dropped
     png = tmp_path / "week.png"
-    out = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "stats", "--days", "7", "--json", "--png",
-                          str(png)], capture_output=True, text=True, timeout=120, check=True,
-                         env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)})
+    out = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "stats", "--days", "7", "--json", "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home)},
+    )
     data = json.loads(out.stdout)
 
     def day(back: int) -> str:
         return (today - dt.timedelta(days=back)).isoformat()
 
     assert [(r["day"], r["harness"], r["requests"], r["saved"]) for r in data["rows"]] == [
-        (day(5), "claude-cli", 1, 3000), (day(5), "pi", 1, 4000), (day(4), "claude-cli", 1, 0),
-        (day(2), "pi", 1, 6000), (day(0), "ocpc", 0, 0)]
+        (day(5), "claude-cli", 1, 3000),
+        (day(5), "pi", 1, 4000),
+        (day(4), "claude-cli", 1, 0),
+        (day(2), "pi", 1, 6000),
+        (day(0), "ocpc", 0, 0),
+    ]
     assert [d["day"] for d in data["days"]] == [day(back) for back in range(6, -1, -1)]  # quiet days too
     by_day = {d["day"]: d for d in data["days"]}
     assert by_day[day(6)]["requests"] == 0 and by_day[day(5)]["reused"] == 7000 and by_day[day(4)]["reused"] == 8000
@@ -178,8 +216,13 @@ def test_stats_over_several_days_of_a_rolled_over_log(tmp_path: Path) -> None:
     drawn = bars(gather(folder, days=7, now=time.time()))  # what the PNG drew: the same days and numbers
     assert drawn.days == tuple(by_day) and drawn.saved[1] == 7000 and drawn.other[2] == 8000
     assert drawn.processed == tuple(d["processed"] + d["ocpc_prefill"] for d in data["days"])
-    text = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "stats", "--days", "7"], capture_output=True,
-                          text=True, timeout=120, check=True, env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home),
-                                                                   "COLUMNS": "120"}).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "oc_prefix_cache", "stats", "--days", "7"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "OC_PREFIX_CACHE_HOME": str(home), "COLUMNS": "120"},
+    ).stdout
     print(text)
     assert day(5) in text and day(2) in text and "rolled out" in text, text

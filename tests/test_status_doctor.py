@@ -10,16 +10,15 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from oc_prefix_cache import server_info
 from oc_prefix_cache.cli import app
-from oc_prefix_cache.daemon import Daemon
+from oc_prefix_cache.disk.index import Store, slot_key
+from oc_prefix_cache.doors.daemon import Daemon
 from oc_prefix_cache.files import write_atomic
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.server_info import port_of, runtime_path
+from oc_prefix_cache.llama import server_info
+from oc_prefix_cache.llama.server_info import port_of, runtime_path
+from oc_prefix_cache.llama.server_process import free_port
 from oc_prefix_cache.settings import Settings
-from oc_prefix_cache.store import Store, slot_key
-
-from .helpers import PROJ_A, UA, capture_bytes
+from tests.helpers import PROJ_A, UA, capture_bytes
 
 pytestmark = pytest.mark.rig
 runner = CliRunner()
@@ -145,6 +144,7 @@ def test_screens_fit_80_columns(llama_server, pointed_at) -> None:
 
 # -- which server status and doctor talk about -----------------------------------------------
 
+
 @pytest.fixture
 def no_daemon(monkeypatch) -> None:
     """No OC_PREFIX_CACHE_BASE_URL (conftest clears it) and no daemon on the configured port."""
@@ -157,8 +157,14 @@ def test_status_and_doctor_follow_ocpc_launch_on_another_port(llama_server, no_d
     settings = Settings.from_env()
     port = port_of(server.url)
     assert port is not None and server.pid is not None
-    record = {"pid": server.pid, "launcher_pid": os.getpid(), "binary": str(server.config.binary),
-              "argv": server.config.argv(), "url": server.url, "started": 0}
+    record = {
+        "pid": server.pid,
+        "launcher_pid": os.getpid(),
+        "binary": str(server.config.binary),
+        "argv": server.config.argv(),
+        "url": server.url,
+        "started": 0,
+    }
     write_atomic(runtime_path(settings, port), json.dumps(record).encode())
 
     data = status()
@@ -227,7 +233,7 @@ def test_doctor_says_when_it_cannot_see_the_servers_flags(llama_server, pointed_
 
 
 def test_one_server_under_two_names() -> None:
-    from oc_prefix_cache.server_info import same_server
+    from oc_prefix_cache.llama.server_info import same_server
 
     assert same_server("http://localhost:9000/", "http://127.0.0.1:9000")
     assert same_server("http://[::1]:9000", "http://127.0.0.1:9000")

@@ -15,16 +15,10 @@ from hypothesis import given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
+from oc_prefix_cache.disk.index import KINDS, Entry, Index, Store, UsageLog
+from oc_prefix_cache.disk.slotfile import fingerprint_of, read_header, slot_filename
+from oc_prefix_cache.engine.gates import build_number, has_checkpoint_files, header_gate, probe_gate, served_from_head
 from oc_prefix_cache.errors import IndexCorrupt, SlotFileError
-from oc_prefix_cache.gates import (
-    build_number,
-    has_checkpoint_files,
-    header_gate,
-    probe_gate,
-    served_from_head,
-)
-from oc_prefix_cache.slotfile import fingerprint_of, read_header, slot_filename
-from oc_prefix_cache.store import KINDS, Entry, Index, Store, UsageLog
 
 
 def make_store(tmp_path: Path) -> Store:
@@ -32,8 +26,16 @@ def make_store(tmp_path: Path) -> Store:
 
 
 def entry(fp: str, used: int = 1) -> Entry:
-    return Entry(file=f"oc-prefix-{fp}.bin", bytes=10, prefix_tokens=5, created=1, last_used=used,
-                 model="m", server_build="b", harness="h")
+    return Entry(
+        file=f"oc-prefix-{fp}.bin",
+        bytes=10,
+        prefix_tokens=5,
+        created=1,
+        last_used=used,
+        model="m",
+        server_build="b",
+        harness="h",
+    )
 
 
 def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path) -> None:
@@ -52,17 +54,26 @@ def test_missing_index_is_empty_and_a_round_trip_keeps_everything(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index-")] == []
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"version": 0, "entries": {}}', '{"version": "2", "entries": {}}',
-                                  '{"version": 2, "entries": {}, "current_seen": []}', '{"version": 1, "entries": []}',
-                                  '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
-                                  '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
-                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
-                                  '{"version": 1, "entries": {"x": {"file": null, "bytes": 1, "prefix_tokens": 1,'
-                                  ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
-                                  '{"version": 1, "entries": {"x": {"file": "oc-prefix-0123456789abcdef.bin", "bytes": "1",'
-                                  ' "prefix_tokens": 1, "created": 1, "last_used": 1, "model": "", "server_build": "",'
-                                  ' "harness": ""}}}',
-                                  '{"version": 1, "entries": {"x": 7}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{",
+        "[]",
+        '{"version": 0, "entries": {}}',
+        '{"version": "2", "entries": {}}',
+        '{"version": 2, "entries": {}, "current_seen": []}',
+        '{"version": 1, "entries": []}',
+        '{"version": 1, "entries": {"x": {"file": "../etc/passwd"}}}',
+        '{"version": 1, "entries": {"x": {"file": "evil.bin", "bytes": 1, "prefix_tokens": 1,'
+        ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
+        '{"version": 1, "entries": {"x": {"file": null, "bytes": 1, "prefix_tokens": 1,'
+        ' "created": 1, "last_used": 1, "model": "", "server_build": "", "harness": ""}}}',
+        '{"version": 1, "entries": {"x": {"file": "oc-prefix-0123456789abcdef.bin", "bytes": "1",'
+        ' "prefix_tokens": 1, "created": 1, "last_used": 1, "model": "", "server_build": "",'
+        ' "harness": ""}}}',
+        '{"version": 1, "entries": {"x": 7}}',
+    ],
+)
 def test_corrupt_index_is_refused_and_left_as_it_was(tmp_path: Path, text: str) -> None:
     (tmp_path / "index.json").write_text(text)
     store = make_store(tmp_path)
@@ -78,10 +89,14 @@ def test_an_index_of_another_ocpc_version_reads_and_keeps_what_it_does_not_know(
     the rest back as it was, and never lower the version number. Before, any unknown field made the
     whole index corrupt: the parks were lost and gc was off."""
     fp = "0123456789abcdef"
-    newer = {"version": 4, "rollout": {"a": 1},
-             "entries": {fp: {**{k: v for k, v in entry(fp).to_json().items() if k != "chain"},
-                              "tier": "ssd", "chunks": [1, 2]}},
-             "current": {"http://x#slot0": fp}}
+    newer = {
+        "version": 4,
+        "rollout": {"a": 1},
+        "entries": {
+            fp: {**{k: v for k, v in entry(fp).to_json().items() if k != "chain"}, "tier": "ssd", "chunks": [1, 2]}
+        },
+        "current": {"http://x#slot0": fp},
+    }
     (tmp_path / "index.json").write_text(json.dumps(newer))
     store = make_store(tmp_path)
     index = store.load()
@@ -97,8 +112,10 @@ def test_a_running_ocpc_dates_its_slots_and_drops_the_ones_its_server_no_longer_
     """-np 4 -> -np 1: the keys of slots 1-3 pinned their heads for ever; now the daemon that sees
     the server with one slot drops them, and dates the one it has (another server's keys stay)."""
     store = make_store(tmp_path)
-    index = Index(entries={f"{i:016x}": entry(f"{i:016x}") for i in range(5)},
-                  current={**{f"http://a:1#slot{i}": f"{i:016x}" for i in range(4)}, "http://b:2#slot3": f"{4:016x}"})
+    index = Index(
+        entries={f"{i:016x}": entry(f"{i:016x}") for i in range(5)},
+        current={**{f"http://a:1#slot{i}": f"{i:016x}" for i in range(4)}, "http://b:2#slot3": f"{4:016x}"},
+    )
     store.save(index)
     usage = UsageLog(store)
     usage.alive("http://a:1", 1)
@@ -112,8 +129,10 @@ def test_a_running_ocpc_dates_its_slots_and_drops_the_ones_its_server_no_longer_
 def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     fps = [f"{i:016x}" for i in range(20)]
-    threads = [threading.Thread(target=store.update, args=(lambda index, fp=fp: index.entries.__setitem__(fp, entry(fp)),))
-               for fp in fps]
+    threads = [
+        threading.Thread(target=store.update, args=(lambda index, fp=fp: index.entries.__setitem__(fp, entry(fp)),))
+        for fp in fps
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -153,7 +172,12 @@ def test_truncated_token_list_raises(tmp_path: Path) -> None:
 def test_slot_file_names() -> None:
     assert slot_filename("0123456789abcdef") == "oc-prefix-0123456789abcdef.bin"
     assert fingerprint_of("oc-prefix-0123456789abcdef.bin") == "0123456789abcdef"
-    for name in ("oc-prefix-0123456789ABCDEF.bin", "oc-prefix-0123.bin", "other.bin", "oc-prefix-0123456789abcdef.bin.part"):
+    for name in (
+        "oc-prefix-0123456789ABCDEF.bin",
+        "oc-prefix-0123.bin",
+        "other.bin",
+        "oc-prefix-0123456789abcdef.bin.part",
+    ):
         assert fingerprint_of(name) is None
     with pytest.raises(ValueError):
         slot_filename("../../etc")
@@ -172,10 +196,14 @@ def test_gates() -> None:
 # --- entries of kinds this ocpc does not know (a newer version's, read after a downgrade) ---
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 unknown_kinds = st.text(max_size=12).filter(lambda k: k not in KINDS)
 
 
@@ -184,8 +212,12 @@ def foreign_entries(draw: st.DrawFn) -> dict[str, Any]:
     """An entry of an unknown kind: any fields (a file or not, any types), its kind anywhere."""
     fields = draw(st.dictionaries(st.text(max_size=10).filter(lambda k: k != "kind"), json_values, max_size=6))
     if draw(st.booleans()):
-        fields["file"] = draw(st.sampled_from([f"oc-conv-{'e' * 16}.bin", f"oc-prefix-{'d' * 16}.bin",
-                                               "oc-tier-0123.bin", "../elsewhere", ""]) | st.text(max_size=20))
+        fields["file"] = draw(
+            st.sampled_from(
+                [f"oc-conv-{'e' * 16}.bin", f"oc-prefix-{'d' * 16}.bin", "oc-tier-0123.bin", "../elsewhere", ""]
+            )
+            | st.text(max_size=20)
+        )
     items = list(fields.items())
     items.insert(draw(st.integers(0, len(items))), ("kind", draw(unknown_kinds)))
     return dict(items)
@@ -194,18 +226,26 @@ def foreign_entries(draw: st.DrawFn) -> dict[str, Any]:
 FP = "0123456789abcdef"
 
 
-@given(st.dictionaries(st.text(max_size=20).filter(lambda k: k != FP), foreign_entries(), min_size=1, max_size=4),
-       st.dictionaries(st.text(max_size=8).filter(lambda k: k not in {f.name for f in fields(Entry)}), json_values,
-                       max_size=2))
+@given(
+    st.dictionaries(st.text(max_size=20).filter(lambda k: k != FP), foreign_entries(), min_size=1, max_size=4),
+    st.dictionaries(
+        st.text(max_size=8).filter(lambda k: k not in {f.name for f in fields(Entry)}), json_values, max_size=2
+    ),
+)
 @hyp_settings(max_examples=200, deadline=None)
 def test_entries_of_unknown_kinds_round_trip_byte_for_byte_and_are_never_used(
-        foreign: dict[str, dict[str, Any]], unknown_fields: dict[str, Any]) -> None:
+    foreign: dict[str, dict[str, Any]], unknown_fields: dict[str, Any]
+) -> None:
     """A newer ocpc adds a kind; after a downgrade its entries made the whole index corrupt
     (parks unreadable, gc off). Now they are kept exactly as written, byte for byte, through
     every save, and never used: no code sees them in ``entries``."""
     ours = {**unknown_fields, **entry(FP).to_json()}  # a known entry with fields of a newer version
-    data = {"version": 4, "entries": dict(sorted({**foreign, FP: ours}.items())),
-            "current": {"http://x#slot0": FP}, "current_seen": {}}
+    data = {
+        "version": 4,
+        "entries": dict(sorted({**foreign, FP: ours}.items())),
+        "current": {"http://x#slot0": FP},
+        "current_seen": {},
+    }
     text = json.dumps(data, indent=1) + "\n"  # as an ocpc writes it
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)

@@ -17,12 +17,11 @@ import httpx
 import pytest
 
 from oc_prefix_cache import loopback
-from oc_prefix_cache.llama_process import free_port
-from oc_prefix_cache.process import stop_group
-
-from .helpers import SUITE_WAIT_S, TEST_SERVER_ARGS
-from .test_e2e_claude_code import END_AT_ONCE
-from .test_proxy import capture
+from oc_prefix_cache.llama.server_process import free_port
+from oc_prefix_cache.llama.supervisor import stop_group
+from tests.helpers import SUITE_WAIT_S, TEST_SERVER_ARGS
+from tests.test_e2e_claude_code import END_AT_ONCE
+from tests.test_proxy import capture
 
 pytestmark = pytest.mark.rig
 DATA = Path(__file__).parent / "data"
@@ -43,32 +42,76 @@ def test_top_shows_the_slots_the_requests_and_the_disk(llama_server: Any, tmp_pa
     assert tmux, "tmux is needed to test ocpc top in a real terminal (README prerequisites)"
     server = llama_server("qwen35", ctx_size=16384, extra_args=END_AT_ONCE)
     proxy_port = free_port()
-    env = {**os.environ, "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port),
-           "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()), "TERM": "xterm-256color", "COLUMNS": "130", "LINES": "40"}
+    env = {
+        **os.environ,
+        "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
+        "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port),
+        "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+        "TERM": "xterm-256color",
+        "COLUMNS": "130",
+        "LINES": "40",
+    }
     with open(tmp_path / "proxy.log", "wb") as out:
-        proxy = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "proxy", "--server", server.url],
-                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "oc_prefix_cache", "proxy", "--server", server.url],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     sock = tmp_path / "tmux.sock"  # a server of its own: the user's tmux is never touched
     command = f"{sys.executable} -m oc_prefix_cache top --server {server.url} --interval 0.5"
     run = [tmux, "-S", str(sock)]
     top_pid = None
     try:
         wait_for(lambda: _up(f"http://127.0.0.1:{proxy_port}/health"), "the proxy")
-        subprocess.run([*run, "new-session", "-d", "-x", "130", "-y", "40", "-s", "top",
-                        *[a for k, v in env.items() if k.startswith(("OC_PREFIX", "TERM")) for a in ("-e", f"{k}={v}")],
-                        command], check=True, timeout=30)
-        top_pid = int(subprocess.run([*run, "list-panes", "-t", "top", "-F", "#{pane_pid}"], capture_output=True,
-                                     text=True, check=True, timeout=10).stdout.split()[0])
-        pane = lambda: subprocess.run([*run, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True,  # noqa: E731
-                                      check=True, timeout=10).stdout
+        subprocess.run(
+            [
+                *run,
+                "new-session",
+                "-d",
+                "-x",
+                "130",
+                "-y",
+                "40",
+                "-s",
+                "top",
+                *[a for k, v in env.items() if k.startswith(("OC_PREFIX", "TERM")) for a in ("-e", f"{k}={v}")],
+                command,
+            ],
+            check=True,
+            timeout=30,
+        )
+        top_pid = int(
+            subprocess.run(
+                [*run, "list-panes", "-t", "top", "-F", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.split()[0]
+        )
+
+        def pane():
+            return subprocess.run(
+                [*run, "capture-pane", "-p", "-t", "top"],
+                capture_output=True,
+                text=True,  # noqa: E731
+                check=True,
+                timeout=10,
+            ).stdout
+
         wait_for(lambda: "no request yet" in pane(), "top's first screen")
         for name in ("A1", "A2-continue", "A2"):
             headers, body = capture(DATA / "pi-0.73.1" / f"{name}.json")
-            answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers,
-                                   timeout=120)
+            answer = loopback.post(
+                f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json=body, headers=headers, timeout=120
+            )
             assert answer.status_code == 200, answer.text[:300]
-        screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 3 and " idle " in text else None)(pane()),
-                          "three pi requests, the slot idle again")  # busy a moment after the last answer
+        screen = wait_for(
+            lambda: (lambda text: text if text.count(" pi ") >= 3 and " idle " in text else None)(pane()),
+            "three pi requests, the slot idle again",
+        )  # busy a moment after the last answer
         print("\n" + screen)
         assert server.url in screen and "idle" in screen
         assert "[proxy]" in screen and ("head " in screen or "conversation " in screen), screen
@@ -80,8 +123,16 @@ def test_top_shows_the_slots_the_requests_and_the_disk(llama_server: Any, tmp_pa
             os.kill(top_pid, signal.SIGTERM)
         subprocess.run([*run, "kill-server"], check=False, timeout=10)
         stop_group(proxy, grace=5)
-    data = json.loads(subprocess.run([sys.executable, "-m", "oc_prefix_cache", "top", "--json", "--server", server.url],
-                                     env=env, capture_output=True, text=True, check=True, timeout=60).stdout)
+    data = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "oc_prefix_cache", "top", "--json", "--server", server.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    )
     assert data["server"]["up"] and len(data["requests"]) == 3 and data["disk"]["by_kind"]["head"]["files"] == 1
 
 
@@ -105,13 +156,38 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
         (folder / f"{name}.gguf").symlink_to(models[name])
     port, proxy_port = free_port(), free_port()
     router = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"), "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port),
-           "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()), "TERM": "xterm-256color", "COLUMNS": "130", "LINES": "50"}
+    env = {
+        **os.environ,
+        "OC_PREFIX_CACHE_HOME": str(tmp_path / "ocpc"),
+        "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port),
+        "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
+        "TERM": "xterm-256color",
+        "COLUMNS": "130",
+        "LINES": "50",
+    }
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "oc_prefix_cache", "launch", "--models-dir", str(folder),
-                                     "--port", str(port), "--", "-c", "16384", *END_AT_ONCE, *TEST_SERVER_ARGS],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        launcher = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oc_prefix_cache",
+                "launch",
+                "--models-dir",
+                str(folder),
+                "--port",
+                str(port),
+                "--",
+                "-c",
+                "16384",
+                *END_AT_ONCE,
+                *TEST_SERVER_ARGS,
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     sock = tmp_path / "tmux.sock"
     run = [tmux, "-S", str(sock)]
     top_pid = None
@@ -121,29 +197,73 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
         return {m["id"]: m["status"]["value"] for m in data["data"]}
 
     def ocpc_json(*args: str) -> Any:
-        return json.loads(subprocess.run([sys.executable, "-m", "oc_prefix_cache", *args, "--json", "--server", router],
-                                         env=env, capture_output=True, text=True, check=True, timeout=60).stdout)
+        return json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "oc_prefix_cache", *args, "--json", "--server", router],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        )
 
     try:
         wait_for(lambda: "ready: llama-server" in log.read_text(), "ocpc launch")
-        subprocess.run([*run, "new-session", "-d", "-x", "130", "-y", "50", "-s", "top",
-                        *[a for k, v in env.items() if k.startswith(("OC_PREFIX", "TERM")) for a in ("-e", f"{k}={v}")],
-                        f"{sys.executable} -m oc_prefix_cache top --server {router} --interval 0.5"],
-                       check=True, timeout=30)
-        top_pid = int(subprocess.run([*run, "list-panes", "-t", "top", "-F", "#{pane_pid}"], capture_output=True,
-                                     text=True, check=True, timeout=10).stdout.split()[0])
-        pane = lambda: subprocess.run([*run, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True,  # noqa: E731
-                                      check=True, timeout=10).stdout
-        first = wait_for(lambda: (lambda text: text if "no request yet" in text else None)(pane()), "top's first screen")
+        subprocess.run(
+            [
+                *run,
+                "new-session",
+                "-d",
+                "-x",
+                "130",
+                "-y",
+                "50",
+                "-s",
+                "top",
+                *[a for k, v in env.items() if k.startswith(("OC_PREFIX", "TERM")) for a in ("-e", f"{k}={v}")],
+                f"{sys.executable} -m oc_prefix_cache top --server {router} --interval 0.5",
+            ],
+            check=True,
+            timeout=30,
+        )
+        top_pid = int(
+            subprocess.run(
+                [*run, "list-panes", "-t", "top", "-F", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.split()[0]
+        )
+
+        def pane():
+            return subprocess.run(
+                [*run, "capture-pane", "-p", "-t", "top"],
+                capture_output=True,
+                text=True,  # noqa: E731
+                check=True,
+                timeout=10,
+            ).stdout
+
+        first = wait_for(
+            lambda: (lambda text: text if "no request yet" in text else None)(pane()), "top's first screen"
+        )
         assert "2 models, 0 loaded" in first and "qwen35 (unloaded)" in first, first
         for model in ("qwen35", "qwen3"):
             headers, body = capture(DATA / "pi-0.73.1" / "A1.json")
-            answer = loopback.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", headers=headers, timeout=120,
-                                   json={**body, "model": model, "max_tokens": 2})
+            answer = loopback.post(
+                f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+                headers=headers,
+                timeout=120,
+                json={**body, "model": model, "max_tokens": 2},
+            )
             assert answer.status_code == 200, answer.text[:300]
         assert statuses() == {"qwen35": "unloaded", "qwen3": "loaded"}
-        screen = wait_for(lambda: (lambda text: text if text.count(" pi ") >= 2 and "[daemon]" in text else None)(
-            pane()), "both requests and qwen3's slot")
+        screen = wait_for(
+            lambda: (lambda text: text if text.count(" pi ") >= 2 and "[daemon]" in text else None)(pane()),
+            "both requests and qwen3's slot",
+        )
         print("\n" + screen)
         assert "router: qwen3" in screen and "(loaded)" in screen, screen
         assert "not loaded: qwen35 (unloaded)" in screen, screen
@@ -168,8 +288,14 @@ def test_top_and_status_show_each_model_of_a_router(models: dict[str, Path], tmp
         assert daemon_models["qwen35"]["counters"]["warmed"] == 1 and daemon_models["qwen3"]["counters"]["warmed"] == 1
         assert daemon_models["qwen35"]["holding"] == {} and daemon_models["qwen3"]["holding"]["0"]["kind"] == "conv"
         assert status["verdict"].startswith("warm"), status["verdict"]
-        text = subprocess.run([sys.executable, "-m", "oc_prefix_cache", "status", "--server", router], env=env,
-                              capture_output=True, text=True, check=True, timeout=60).stdout
+        text = subprocess.run(
+            [sys.executable, "-m", "oc_prefix_cache", "status", "--server", router],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
         print(text)
         assert "router: 2 models, 1 loaded" in text and "model qwen35  unloaded" in text, text
         time.sleep(2)  # top and status looked at qwen35 all along, and the watch did: it stays unloaded

@@ -20,8 +20,10 @@ CAPTURES = Path(__file__).parent / "data"
 PARENT_FIRST = CAPTURES / "opencode-1.18.33" / "02_projA_turn1_main_request.json"
 OTHER_PROJECT_FIRST = CAPTURES / "opencode-1.18.33" / "03_projB_turn1_main_request.json"
 UA = "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14"
-EXPLORE_PROMPT = ("You are a file search specialist. You excel at thoroughly navigating and exploring "
-                  "codebases. Use glob and grep to find files, read to inspect them, and report what you found.\n\n")
+EXPLORE_PROMPT = (
+    "You are a file search specialist. You excel at thoroughly navigating and exploring "
+    "codebases. Use glob and grep to find files, read to inspect them, and report what you found.\n\n"
+)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -54,18 +56,36 @@ class Conversation:
         if self.turns > 0:
             n = self.turns
             self.body["messages"] += [
-                {"role": "assistant", "content": "", "tool_calls": [{
-                    "id": f"call_{self.session}_{n}", "type": "function",
-                    "function": {"name": "read", "arguments": json.dumps({"filePath": f"/home/dev/src/module_{n}.py"})}}]},
-                {"role": "tool", "tool_call_id": f"call_{self.session}_{n}",
-                 "content": tool_result(n, lines=self.lines)},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": f"call_{self.session}_{n}",
+                            "type": "function",
+                            "function": {
+                                "name": "read",
+                                "arguments": json.dumps({"filePath": f"/home/dev/src/module_{n}.py"}),
+                            },
+                        }
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": f"call_{self.session}_{n}",
+                    "content": tool_result(n, lines=self.lines),
+                },
             ]
         self.turns += 1
         return copy.deepcopy(self.body)
 
     def headers(self) -> dict[str, str]:
-        out = {"User-Agent": UA, "x-session-id": self.session, "x-session-affinity": self.session,
-               "Content-Type": "application/json"}
+        out = {
+            "User-Agent": UA,
+            "x-session-id": self.session,
+            "x-session-affinity": self.session,
+            "Content-Type": "application/json",
+        }
         if self.parent:
             out["x-parent-session-id"] = self.parent
         return out
@@ -85,8 +105,10 @@ def shorten_system(body: dict[str, Any], keep: tuple[int, int]) -> None:
         if isinstance(content, str):
             return text(content)
         if isinstance(content, list):
-            return [{**part, "text": text(part["text"])} if isinstance(part, dict) and "text" in part else part
-                    for part in content]
+            return [
+                {**part, "text": text(part["text"])} if isinstance(part, dict) and "text" in part else part
+                for part in content
+            ]
         return content
 
     if "system" in body:
@@ -118,8 +140,9 @@ def other_project(session: str = "ses_projB") -> Conversation:
     return Conversation(session, _load(OTHER_PROJECT_FIRST))
 
 
-def general_subagent(session: str, *, parent_session: str = "ses_parent",
-                     task: str = "find where refunds are computed") -> Conversation:
+def general_subagent(
+    session: str, *, parent_session: str = "ses_parent", task: str = "find where refunds are computed"
+) -> Conversation:
     """OpenCode's `general` subagent: the parent's system prompt, tools minus task and todowrite."""
     body = _load(PARENT_FIRST)
     body["tools"] = [t for t in body["tools"] if t["function"]["name"] not in ("task", "todowrite")]
@@ -127,15 +150,18 @@ def general_subagent(session: str, *, parent_session: str = "ses_parent",
     return Conversation(session, body, parent=parent_session)
 
 
-def explore_subagent(session: str, *, parent_session: str = "ses_parent",
-                     task: str = "list the modules that handle requests") -> Conversation:
+def explore_subagent(
+    session: str, *, parent_session: str = "ses_parent", task: str = "list the modules that handle requests"
+) -> Conversation:
     """OpenCode's `explore` subagent: its own prompt (the <env> block kept), five tools."""
     body = _load(PARENT_FIRST)
     keep = ("bash", "glob", "grep", "read", "webfetch")
     body["tools"] = [t for t in body["tools"] if t["function"]["name"] in keep]
     system = body["messages"][0]["content"]
-    body["messages"] = [{"role": "system", "content": EXPLORE_PROMPT + system[system.index("You are powered"):]},
-                        {"role": "user", "content": task}]
+    body["messages"] = [
+        {"role": "system", "content": EXPLORE_PROMPT + system[system.index("You are powered") :]},
+        {"role": "user", "content": task},
+    ]
     return Conversation(session, body, parent=parent_session)
 
 
@@ -143,8 +169,19 @@ def issue_scenario() -> list[tuple[str, Conversation]]:
     """The issue's workload: parent, subagent (another prompt) x2, parent, another project's
     new session, parent, a second subagent (fewer tools) x2, parent. Steps name who speaks."""
     p, s1, b, s2 = parent(), explore_subagent("ses_sub1"), other_project(), general_subagent("ses_sub2")
-    order = [("parent", p), ("parent", p), ("parent", p), ("explore", s1), ("explore", s1), ("parent", p),
-             ("projB", b), ("parent", p), ("general", s2), ("general", s2), ("parent", p)]
+    order = [
+        ("parent", p),
+        ("parent", p),
+        ("parent", p),
+        ("explore", s1),
+        ("explore", s1),
+        ("parent", p),
+        ("projB", b),
+        ("parent", p),
+        ("general", s2),
+        ("general", s2),
+        ("parent", p),
+    ]
     return order
 
 

@@ -38,9 +38,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..conversation import ConversationKey
-from ..head import Head, Skip, earliest_marker, message_text
-from .base import Incoming, system_text, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip, earliest_marker, message_text
+from oc_prefix_cache.harness.base import Incoming, system_text, unchanged
 
 MARKERS = ("\n- Platform: ", "\n- Platform information unavailable")
 OPENERS = ("Act as an expert ", "You are an expert on the AI coding tool called Aider.")
@@ -55,14 +55,19 @@ FIXED_USER = (
     "Don't try and edit any existing code without asking me to add the files to the chat!",
 )
 #: and the assistant replies that follow them
-ACKS = frozenset({
-    "Ok.",
-    "Ok, I will use these files as references.",
-    "Ok, I will use these images as references.",
-    "Ok, I won't try and edit those files without asking first.",
-    "Ok, any changes I propose will be to those files.",
-    "Ok, based on your requests I will suggest which files need to be edited and then stop and wait for your approval.",
-})
+ACKS = frozenset(
+    {
+        "Ok.",
+        "Ok, I will use these files as references.",
+        "Ok, I will use these images as references.",
+        "Ok, I won't try and edit those files without asking first.",
+        "Ok, any changes I propose will be to those files.",
+        (
+            "Ok, based on your requests I will suggest which files need to be edited and then stop and wait for "
+            "your approval."
+        ),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,8 @@ class AiderAdapter:
         messages = incoming.body.get("messages")
         return isinstance(messages, list) and any(
             isinstance(m, dict) and m.get("role") == "user" and (message_text(m) or "").startswith(FIXED_USER)
-            for m in messages[1:])
+            for m in messages[1:]
+        )
 
     def normalise(self, incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:
         return unchanged(incoming)
@@ -100,9 +106,14 @@ class AiderAdapter:
         tools = chat.get("tools")
         tools = tools if isinstance(tools, list) else []
         model = chat.get("model")
-        return Head(tools_json=json.dumps(tools, ensure_ascii=False, separators=(",", ":")),
-                    system_head=system_head, marker=marker, model=model if isinstance(model, str) else "",
-                    n_tools=len(tools), project_tail=fixed_end(messages))
+        return Head(
+            tools_json=json.dumps(tools, ensure_ascii=False, separators=(",", ":")),
+            system_head=system_head,
+            marker=marker,
+            model=model if isinstance(model, str) else "",
+            n_tools=len(tools),
+            project_tail=fixed_end(messages),
+        )
 
     def session(self, incoming: Incoming) -> str | None:
         return None  # it sends no session id
@@ -121,14 +132,21 @@ class AiderAdapter:
         messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
         texts = [message_text(m) or "" for m in messages]
         start, end = fixed_block(messages)
-        files = sorted({name for text in texts[start:end + 1] if text.startswith(REPO_MAP) for name in repo_files(text)})
+        files = sorted(
+            {name for text in texts[start : end + 1] if text.startswith(REPO_MAP) for name in repo_files(text)}
+        )
         system = texts[0] if messages and messages[0].get("role") == "system" else ""
         found = earliest_marker(system, self.markers)  # the edit format's rules, not the date after them
         rules = system[: found[0]] if found else system
         typed = first_typed(messages, texts, after=end)
-        return ConversationKey.content(self.name, rules, *files, without_reminder(typed, system),
-                                       source="its edit format, the files of its repo map and its first typed text",
-                                       rewrites_history=True)
+        return ConversationKey.content(
+            self.name,
+            rules,
+            *files,
+            without_reminder(typed, system),
+            source="its edit format, the files of its repo map and its first typed text",
+            rewrites_history=True,
+        )
 
 
 REPO_MAP = "Here are summaries of some files present in my git repository."
@@ -138,8 +156,7 @@ def repo_files(text: str) -> list[str]:
     """The file names a repo map lists (its lines at the margin after the opening paragraph; a
     file's symbols follow it indented or behind ``│``/``⋮``)."""
     body = text.split("\n\n", 1)[1] if "\n\n" in text else ""
-    return [line.rstrip(":") for line in body.splitlines()
-            if line and not line[0].isspace() and line[0] not in "│⋮"]
+    return [line.rstrip(":") for line in body.splitlines() if line and not line[0].isspace() and line[0] not in "│⋮"]
 
 
 def first_typed(messages: list[dict[str, Any]], texts: list[str], *, after: int) -> str:
@@ -161,8 +178,13 @@ def fixed_block(messages: list[dict[str, Any]]) -> tuple[int, int]:
     roles = [m.get("role") for m in messages]
     start = next((i for i, t in enumerate(texts) if roles[i] == "user" and t == SWITCHED), 1)
     at, end = start, 0
-    while (at + 1 < len(messages) and roles[at] == "user" and roles[at + 1] == "assistant"
-           and texts[at].startswith(FIXED_USER) and texts[at + 1] in ACKS):
+    while (
+        at + 1 < len(messages)
+        and roles[at] == "user"
+        and roles[at + 1] == "assistant"
+        and texts[at].startswith(FIXED_USER)
+        and texts[at + 1] in ACKS
+    ):
         end = at + 1
         at += 2
     return start, end
@@ -178,7 +200,7 @@ def without_reminder(typed: str, system: str) -> str:
     message keys the same on the first turn, which carries it, and on later ones, which do not."""
     at = typed.find("\n\n")
     while at >= 0:
-        rest = typed[at + 2:]
+        rest = typed[at + 2 :]
         if len(rest) >= MIN_REMINDER_CHARS and rest in system:
             return typed[:at]
         at = typed.find("\n\n", at + 1)
@@ -196,8 +218,13 @@ def fixed_end(messages: list[dict[str, Any]]) -> str:
     if switched is not None:
         at = switched
     end = 0
-    while (at + 1 < len(messages) - 1 and roles[at] == "user" and roles[at + 1] == "assistant"
-           and texts[at].startswith(FIXED_USER) and texts[at + 1] in ACKS):
+    while (
+        at + 1 < len(messages) - 1
+        and roles[at] == "user"
+        and roles[at + 1] == "assistant"
+        and texts[at].startswith(FIXED_USER)
+        and texts[at + 1] in ACKS
+    ):
         end = at + 1
         at += 2
     return texts[end] if end and roles[-1] == "user" else ""

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ..conversation import ConversationKey
-from ..head import ChatBody, Head, Skip, earliest_marker, extract_head, message_text
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import ChatBody, Head, Skip, earliest_marker, extract_head, message_text
 
 SYSTEM_ROLES = ("system", "developer")  # llama.cpp maps "developer" to "system" before rendering
 
@@ -41,7 +41,7 @@ class Incoming:
 class Adapter(Protocol):
     @property
     def name(self) -> str:
-        """"opencode" | "claude-code" | "pi" | "generic" (read-only, so frozen adapters fit)."""
+        """ "opencode" | "claude-code" | "pi" | "generic" (read-only, so frozen adapters fit)."""
         ...
 
     def matches(self, incoming: Incoming) -> bool: ...
@@ -68,15 +68,20 @@ class Adapter(Protocol):
         ...
 
 
-def select(incoming: Incoming, *, enabled: frozenset[str],
-           adapters: Sequence[Adapter] | None = None, fallback: Adapter | None = None) -> Adapter:
+def select(
+    incoming: Incoming,
+    *,
+    enabled: frozenset[str],
+    adapters: Sequence[Adapter] | None = None,
+    fallback: Adapter | None = None,
+) -> Adapter:
     """The first enabled adapter that matches, else the generic one (``fallback``).
 
     ``adapters`` defaults to every harness this package knows, in a fixed order; ``fallback`` to a
     generic adapter with OpenCode's marker. The fallback is used even when "generic" is not in
     ``enabled``: it changes no body, so it is the same as having no adapter at all.
     """
-    from . import DEFAULT_ADAPTERS, GenericAdapter  # the package imports this module first
+    from oc_prefix_cache.harness import DEFAULT_ADAPTERS, GenericAdapter
 
     for adapter in DEFAULT_ADAPTERS if adapters is None else adapters:
         if adapter.name in enabled and adapter.matches(incoming):
@@ -90,17 +95,22 @@ def unchanged(incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:
 
 
 def head_by_markers(chat: dict[str, Any], markers: tuple[str, ...]) -> Head | Skip:
-    """head.py's rule as it is today (OpenCode's): tools + first system text before a marker."""
+    """chat/head.py's rule as it is today (OpenCode's): tools + first system text before a marker."""
     messages = chat.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         return Skip("the body has no 'messages' list of objects")
     return extract_head(ChatBody(data=chat, messages=messages), markers)
 
 
-def cut_head(chat: dict[str, Any], *, markers: tuple[str, ...], include_marker: bool = False,
-             whole_without_marker: bool = False,
-             tools_view: Callable[[list[Any]], list[Any]] | None = None) -> Head | Skip:
-    """A head by the harness's own rule, where head.py's fixed rule does not fit.
+def cut_head(
+    chat: dict[str, Any],
+    *,
+    markers: tuple[str, ...],
+    include_marker: bool = False,
+    whole_without_marker: bool = False,
+    tools_view: Callable[[list[Any]], list[Any]] | None = None,
+) -> Head | Skip:
+    """A head by the harness's own rule, where chat/head.py's fixed rule does not fit.
 
     ``include_marker`` keeps the marker text in the head (Claude Code: the marker is static and the
     volatile path follows it). ``whole_without_marker`` takes the whole system text when no marker
@@ -132,9 +142,13 @@ def cut_head(chat: dict[str, Any], *, markers: tuple[str, ...], include_marker: 
         system_head, marker = text[: found[0]].lstrip(), found[1]
     shown = tools_view(tools) if tools_view else tools
     model = chat.get("model")
-    return Head(tools_json=json.dumps(shown, ensure_ascii=False, separators=(",", ":")),
-                system_head=system_head, marker=marker,
-                model=model if isinstance(model, str) else "", n_tools=len(tools))
+    return Head(
+        tools_json=json.dumps(shown, ensure_ascii=False, separators=(",", ":")),
+        system_head=system_head,
+        marker=marker,
+        model=model if isinstance(model, str) else "",
+        n_tools=len(tools),
+    )
 
 
 def first_header(incoming: Incoming, names: Iterable[str]) -> str | None:
@@ -199,5 +213,6 @@ def session_or_first_exchange(harness: str, session: str | None, chat: dict[str,
     typed = first_user_text(chat)
     if typed is None:
         return ConversationKey(name="", shared=True, source="no user message")
-    return ConversationKey.content(harness, system_text(chat) or "", typed,
-                                   source="its system text and first user message (no session id sent)")
+    return ConversationKey.content(
+        harness, system_text(chat) or "", typed, source="its system text and first user message (no session id sent)"
+    )

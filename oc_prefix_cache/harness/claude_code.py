@@ -59,10 +59,10 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..anthropic import BILLING_PREFIX
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, cut_head, leading_reminders, session_or_first_exchange
+from oc_prefix_cache.chat.anthropic import BILLING_PREFIX
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import Incoming, cut_head, leading_reminders, session_or_first_exchange
 
 MEMORY_MARKER = "You have a persistent file-based memory at `"
 ENVIRONMENT = "# Environment\n"
@@ -129,7 +129,7 @@ def _normalise_messages(messages: list[Any], *, off: frozenset[str]) -> tuple[li
     if "strip-cache-control" in off:
         return messages, changes
     stripped = [_without_cache_control(m) for m in messages]
-    if any(new is not old for new, old in zip(stripped, messages)):
+    if any(new is not old for new, old in zip(stripped, messages, strict=False)):
         changes.append("strip-cache-control")
     return stripped, changes
 
@@ -168,8 +168,11 @@ def project_levels(chat: dict[str, Any]) -> tuple[str, str]:
     if moving > 0:
         return reminders[-1], reminders[moving - 1]
     messages = chat.get("messages")
-    system = _plain_text(messages[0].get("content")) if isinstance(messages, list) and isinstance(
-        messages[0], dict) else None
+    system = (
+        _plain_text(messages[0].get("content"))
+        if isinstance(messages, list) and isinstance(messages[0], dict)
+        else None
+    )
     return reminders[-1], system or ""
 
 

@@ -5,7 +5,7 @@ Measured on Codex CLI 0.171.0 (``@openai/codex`` on npm; tests/data/codex-0.171.
 how it was captured). Its Responses body has no ``instructions``; its ``input`` starts with two
 ``developer`` messages (the base prompt, ~17k characters; then the skills list and the sandbox and
 approval rules), then a ``user`` message holding ``<environment_context>`` (working directory,
-shell, the date, the time zone, workspace roots), then the typed text. As chat (``responses.py``,
+shell, the date, the time zone, workspace roots), then the typed text. As chat (``chat/responses.py``,
 the server's own conversion) that is two system messages, the environment and the prompt.
 
 * **Head**: the tools and the developer text (merged, below): base prompt, skills, sandbox rules,
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, SYSTEM_ROLES, cut_head, session_or_first_exchange, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import SYSTEM_ROLES, Incoming, cut_head, session_or_first_exchange, unchanged
 
 ENVIRONMENT = "<environment_context>"
 
@@ -56,8 +56,11 @@ class CodexAdapter:
 
     def session(self, incoming: Incoming) -> str | None:
         key = incoming.body.get("prompt_cache_key")
-        return (incoming.header("thread-id") or incoming.header("session-id")
-                or (key if isinstance(key, str) and key else None))
+        return (
+            incoming.header("thread-id")
+            or incoming.header("session-id")
+            or (key if isinstance(key, str) and key else None)
+        )
 
     def key(self, incoming: Incoming, chat: dict[str, Any]) -> ConversationKey:
         """``thread-id`` (or ``session-id``, or the body's ``prompt_cache_key``), always sent; without them
@@ -71,8 +74,10 @@ def _environment(chat: dict[str, Any]) -> str:
     messages = chat.get("messages")
     if not isinstance(messages, list):
         return ""
-    at = next((i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES)),
-              len(messages))
+    at = next(
+        (i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES)),
+        len(messages),
+    )
     if at == 0 or at + 1 >= len(messages) or messages[at].get("role") != "user":
         return ""
     parts = messages[at].get("content")

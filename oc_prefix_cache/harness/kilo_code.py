@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, cut_head, first_header, session_or_first_exchange, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import Incoming, cut_head, first_header, session_or_first_exchange, unchanged
 
 MARKERS = ("<env>",)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Incoming
-from .generic import GenericAdapter
+from oc_prefix_cache.harness.base import Incoming
+from oc_prefix_cache.harness.generic import GenericAdapter
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, cut_head, session_or_first_exchange, system_text, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import Incoming, cut_head, session_or_first_exchange, system_text, unchanged
 
 #: the parts of system_message_suffix.j2 in their order, then the CLI's suffix: the earliest ends the head
 TIME = "<CURRENT_DATETIME>"

@@ -25,9 +25,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, cut_head, first_header, session_or_first_exchange, system_text, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import (
+    Incoming,
+    cut_head,
+    first_header,
+    session_or_first_exchange,
+    system_text,
+    unchanged,
+)
 
 MARKERS = (
     "\n\n# Project Context\n\n",

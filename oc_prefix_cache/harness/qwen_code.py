@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..head import Head, Skip
-from ..conversation import ConversationKey
-from .base import Incoming, cut_head, leading_reminders_end, session_or_first_exchange, unchanged
+from oc_prefix_cache.chat.conversation import ConversationKey
+from oc_prefix_cache.chat.head import Head, Skip
+from oc_prefix_cache.harness.base import Incoming, cut_head, leading_reminders_end, session_or_first_exchange, unchanged
 
 MARKERS = ("\n\n---\n\n--- Context from: ", "\n\n---\n\n# auto memory")
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..settings import Settings
-from .npm import NpmEntry, remove_npm_files
-from .opencode import default_config_path, install, plan_edits
-from .plugin import (
+from oc_prefix_cache.install.npm import NpmEntry, remove_npm_files
+from oc_prefix_cache.install.opencode import default_config_path, install, plan_edits
+from oc_prefix_cache.install.plugin import (
     PLUGIN_NAME,
     PluginCopy,
     installed_plugin_state,
@@ -32,7 +31,7 @@ from .plugin import (
     plugin_path_in_config,
     plugin_version,
 )
-from .records import (
+from oc_prefix_cache.install.records import (
     Edit,
     InstallError,
     InstallRecord,
@@ -46,14 +45,35 @@ from .records import (
     restore_config,
     write_records,
 )
+from oc_prefix_cache.settings import Settings
 
 HARNESSES = ("opencode", "claude-code", "pi", "kilo-code", "codex", "aider", "qwen-code", "cline")
 
 __all__ = [
-    "HARNESSES", "PLUGIN_NAME", "Edit", "InstallError", "InstallRecord", "NpmEntry", "PluginCopy", "absolute",
-    "config_target", "default_config_path", "install", "installed", "installed_plugin_state", "load_records",
-    "normalise_base_url", "packaged_plugin", "parse_record", "plan_edits", "plugin_path_in_config",
-    "plugin_version", "restore_config", "Said", "uninstall", "write_records",
+    "HARNESSES",
+    "PLUGIN_NAME",
+    "Edit",
+    "InstallError",
+    "InstallRecord",
+    "NpmEntry",
+    "PluginCopy",
+    "absolute",
+    "config_target",
+    "default_config_path",
+    "install",
+    "installed",
+    "installed_plugin_state",
+    "load_records",
+    "normalise_base_url",
+    "packaged_plugin",
+    "parse_record",
+    "plan_edits",
+    "plugin_path_in_config",
+    "plugin_version",
+    "restore_config",
+    "Said",
+    "uninstall",
+    "write_records",
 ]
 
 
@@ -65,16 +85,21 @@ def uninstall(settings: Settings, *, config_path: Path, harness: str | None = No
     raw = records.get(str(config_path))
     if raw is None:
         what = f" {harness}" if harness else ""
-        raise InstallError(f"ocpc has no record of installing{what} into {config_path}"
-                           + ("; give its --config" if harness and harness != "opencode" else ""))
+        raise InstallError(
+            f"ocpc has no record of installing{what} into {config_path}"
+            + ("; give its --config" if harness and harness != "opencode" else "")
+        )
     record = parse_record(settings, raw)
     if harness is not None and record.harness != harness:
-        raise InstallError(f"ocpc installed {record.harness} into {config_path}, not {harness}; "
-                           f"run `ocpc uninstall --harness {record.harness}`")
+        raise InstallError(
+            f"ocpc installed {record.harness} into {config_path}, not {harness}; "
+            f"run `ocpc uninstall --harness {record.harness}`"
+        )
     said = restore_config(record, config_path)
     if record.npm_folder and record.npm_created:
-        said += remove_npm_files(Path(record.npm_folder), [NpmEntry(**e) for e in record.npm_created],
-                                 record.npm_lock_sha256)
+        said += remove_npm_files(
+            Path(record.npm_folder), [NpmEntry(**e) for e in record.npm_created], record.npm_lock_sha256
+        )
     del records[str(config_path)]
     write_records(settings, records)
     return said

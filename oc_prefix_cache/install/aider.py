@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, Said, edit_config, normalise_base_url
-from .yaml_format import YamlFormat
+from oc_prefix_cache.install.records import Edit, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.yaml_format import YamlFormat
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "aider"
 DEFAULT_MODEL = "local"
@@ -48,8 +48,16 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, model: str) -> list[Ed
         if key not in config:
             edits.append(Edit((), key, value, f"set {key}: {value} ({why})"))
         elif not _same(key, current, value):
-            edits.append(Edit((), key, value, f"replaced your {key}: {current!r} with {value!r} ({why}); "
-                              f"`ocpc uninstall --harness {HARNESS}` puts yours back", kind="replace"))
+            edits.append(
+                Edit(
+                    (),
+                    key,
+                    value,
+                    f"replaced your {key}: {current!r} with {value!r} ({why}); "
+                    f"`ocpc uninstall --harness {HARNESS}` puts yours back",
+                    kind="replace",
+                )
+            )
     return edits
 
 
@@ -59,8 +67,14 @@ def _same(key: str, current: Any, wanted: str) -> bool:
     return bool(current == wanted)
 
 
-def install(settings: Settings, *, config_path: Path, model: str | None = None,
-            environ: Mapping[str, str] | None = None, dry_run: bool = False) -> Said:
+def install(
+    settings: Settings,
+    *,
+    config_path: Path,
+    model: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    dry_run: bool = False,
+) -> Said:
     """Point Aider at ``settings.proxy_url``; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
     name = model or DEFAULT_MODEL
@@ -68,15 +82,26 @@ def install(settings: Settings, *, config_path: Path, model: str | None = None,
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, model=name)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy,
-                       fmt=YamlFormat(HARNESS), dry_run=dry_run)
+    said = edit_config(
+        settings,
+        config_path=config_path,
+        harness=HARNESS,
+        plan=plan,
+        proxy_url=proxy,
+        fmt=YamlFormat(HARNESS),
+        dry_run=dry_run,
+    )
     if said:
         winning = [k for k in WINS if (environ or {}).get(k)]
         if winning:
-            said.append(f"note: your environment sets {', '.join(winning)}, which Aider takes over this file: "
-                        "unset it to use the proxy")
-        said.append(f"use it: aider (in any repo); start the proxy with `ocpc launch` or `ocpc proxy` "
-                    f"(it forwards to {settings.base_url}); a repo's own {FILE} still wins over this one")
+            said.append(
+                f"note: your environment sets {', '.join(winning)}, which Aider takes over this file: "
+                "unset it to use the proxy"
+            )
+        said.append(
+            f"use it: aider (in any repo); start the proxy with `ocpc launch` or `ocpc proxy` "
+            f"(it forwards to {settings.base_url}); a repo's own {FILE} still wins over this one"
+        )
     return said
 
 

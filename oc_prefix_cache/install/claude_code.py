@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "claude-code"
 DUMMY_TOKEN = "ocpc-local"
@@ -75,9 +75,12 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, model: str | None) -> 
     wanted: list[tuple[str, str, str]] = [  # key, value, why
         (BASE_URL, base, "Claude Code's requests go to the ocpc proxy"),
         ("CLAUDE_CODE_ATTRIBUTION_HEADER", "0", "no per-prompt billing block, so sessions share the head"),
-        (CAPABILITIES, capabilities_without_system_turns(env.get(CAPABILITIES)),
-         "no system turns inside messages: the environment, skills and git status come before the typed "
-         "text as <system-reminder> blocks, so a new session in a project processes only its own text"),
+        (
+            CAPABILITIES,
+            capabilities_without_system_turns(env.get(CAPABILITIES)),
+            "no system turns inside messages: the environment, skills and git status come before the typed "
+            "text as <system-reminder> blocks, so a new session in a project processes only its own text",
+        ),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1", "no telemetry or update checks"),
     ]
     if not any(key in env for key in TOKEN_KEYS):
@@ -88,14 +91,29 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, model: str | None) -> 
     edits: list[Edit] = []
     if "env" not in config:
         block = {k: v for k, v, _ in missing}
-        edits.append(Edit((), "env", block, "added Claude Code's env block:"
-                          + "".join(f"\n  {k}={v}: {why}" for k, v, why in missing), container=True))
+        edits.append(
+            Edit(
+                (),
+                "env",
+                block,
+                "added Claude Code's env block:" + "".join(f"\n  {k}={v}: {why}" for k, v, why in missing),
+                container=True,
+            )
+        )
     else:
         edits += [Edit(("env",), k, v, f"set env {k}={v} ({why})") for k, v, why in reversed(missing)]
     for key, value, why in wanted:
         if key in env and not _same(key, env[key], value):
-            edits.append(Edit(("env",), key, value, f"replaced your env {key}={env[key]!r} with {value!r} ({why}); "
-                              f"`ocpc uninstall --harness {HARNESS}` puts yours back", kind="replace"))
+            edits.append(
+                Edit(
+                    ("env",),
+                    key,
+                    value,
+                    f"replaced your env {key}={env[key]!r} with {value!r} ({why}); "
+                    f"`ocpc uninstall --harness {HARNESS}` puts yours back",
+                    kind="replace",
+                )
+            )
     return edits
 
 
@@ -150,8 +168,10 @@ def install(settings: Settings, *, config_path: Path, model: str | None = None, 
 
     said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
-        said.append(f"start the proxy with `ocpc launch` or `ocpc proxy` (it forwards to {settings.base_url}); "
-                    "a project's .claude/settings(.local).json env still wins over this file")
+        said.append(
+            f"start the proxy with `ocpc launch` or `ocpc proxy` (it forwards to {settings.base_url}); "
+            "a project's .claude/settings(.local).json env still wins over this file"
+        )
     return said
 
 

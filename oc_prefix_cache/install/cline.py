@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "cline"
 PROVIDER = "openai-compatible"
@@ -76,15 +76,30 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, model: str, updated_at
     elif current is None:
         edits.append(Edit(("providers",), PROVIDER, entry, said, same_when=("settings",)))
     elif not _is_ours(current, settings):
-        edits.append(Edit(("providers",), PROVIDER, entry, f"replaced your Cline {PROVIDER} provider "
-                          f"({_describe(current)}) with the ocpc proxy {base}, model '{model}'; {UNINSTALL}",
-                          kind="replace", same_when=("settings",)))
+        edits.append(
+            Edit(
+                ("providers",),
+                PROVIDER,
+                entry,
+                f"replaced your Cline {PROVIDER} provider "
+                f"({_describe(current)}) with the ocpc proxy {base}, model '{model}'; {UNINSTALL}",
+                kind="replace",
+                same_when=("settings",),
+            )
+        )
     last = config.get("lastUsedProvider")
     if last is None:
         edits.append(Edit((), "lastUsedProvider", PROVIDER, f"made {PROVIDER} the provider Cline uses"))
     elif last != PROVIDER:
-        edits.append(Edit((), "lastUsedProvider", PROVIDER, f"replaced your lastUsedProvider {last!r} with "
-                          f"{PROVIDER!r} (the provider Cline runs); {UNINSTALL}", kind="replace"))
+        edits.append(
+            Edit(
+                (),
+                "lastUsedProvider",
+                PROVIDER,
+                f"replaced your lastUsedProvider {last!r} with {PROVIDER!r} (the provider Cline runs); {UNINSTALL}",
+                kind="replace",
+            )
+        )
     return edits
 
 
@@ -92,8 +107,10 @@ def _is_ours(current: Any, settings: dict[str, str]) -> bool:
     mine = current.get("settings") if isinstance(current, dict) else None
     if not isinstance(mine, dict) or not isinstance(mine.get("baseUrl"), str):
         return False
-    return (normalise_base_url(mine["baseUrl"]) == normalise_base_url(settings["baseUrl"])
-            and mine.get("model") == settings["model"])
+    return (
+        normalise_base_url(mine["baseUrl"]) == normalise_base_url(settings["baseUrl"])
+        and mine.get("model") == settings["model"]
+    )
 
 
 def _describe(current: Any) -> str:
@@ -112,11 +129,12 @@ def install(settings: Settings, *, config_path: Path, model: str | None = None, 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, model=model or DEFAULT_MODEL, updated_at=stamp)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy,
-                       dry_run=dry_run)
+    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
-        said.append(f"use it: cline \"...\" (or cline -i); start the proxy with `ocpc launch` or `ocpc proxy` "
-                    f"(it forwards to {settings.base_url})")
+        said.append(
+            f'use it: cline "..." (or cline -i); start the proxy with `ocpc launch` or `ocpc proxy` '
+            f"(it forwards to {settings.base_url})"
+        )
     return said
 
 

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
-from .toml_format import TOML
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.toml_format import TOML
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "codex"
 DEFAULT_PROVIDER_ID = "ocpc"
@@ -53,8 +53,9 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, provider_id: str, mode
     else:
         _check_existing(providers[provider_id], provider_id=provider_id, base=base)
     edits += _top_level(config, "model_provider", provider_id, "Codex uses the proxy's provider", replace=True)
-    edits += _top_level(config, "model", model or DEFAULT_MODEL, "the model name Codex sends",
-                        replace=model is not None)
+    edits += _top_level(
+        config, "model", model or DEFAULT_MODEL, "the model name Codex sends", replace=model is not None
+    )
     return edits
 
 
@@ -62,22 +63,27 @@ def _check_existing(existing: Any, *, provider_id: str, base: str) -> None:
     """A provider of this id exists: fine when it is the proxy's with the Responses API."""
     url = existing.get("base_url") if isinstance(existing, dict) else None
     if not isinstance(url, str) or normalise_base_url(url) != normalise_base_url(base):
-        raise InstallError(f"Codex model provider '{provider_id}' exists and points at {url or 'no base_url'}, "
-                           "not the proxy; pick another --provider-id")
+        raise InstallError(
+            f"Codex model provider '{provider_id}' exists and points at {url or 'no base_url'}, "
+            "not the proxy; pick another --provider-id"
+        )
     assert isinstance(existing, dict)
     if existing.get("wire_api", WIRE_API) != WIRE_API:
-        raise InstallError(f"Codex model provider '{provider_id}' uses wire_api = {existing['wire_api']!r}; Codex "
-                           f"0.171 speaks only \"{WIRE_API}\": set it there, or pick another --provider-id")
+        raise InstallError(
+            f"Codex model provider '{provider_id}' uses wire_api = {existing['wire_api']!r}; Codex "
+            f'0.171 speaks only "{WIRE_API}": set it there, or pick another --provider-id'
+        )
 
 
 def _top_level(config: dict[str, Any], key: str, value: str, why: str, *, replace: bool) -> list[Edit]:
     current = config.get(key)
     if current is None:
-        return [Edit((), key, value, f"set {key} = \"{value}\" ({why})")]
+        return [Edit((), key, value, f'set {key} = "{value}" ({why})')]
     if current == value or not replace:
         return []
-    return [Edit((), key, value, f"replaced your {key} = {current!r} with \"{value}\" ({why}); {UNINSTALL}",
-                 kind="replace")]
+    return [
+        Edit((), key, value, f'replaced your {key} = {current!r} with "{value}" ({why}); {UNINSTALL}', kind="replace")
+    ]
 
 
 def notes(config: dict[str, Any], *, provider_id: str, model: str | None) -> list[str]:
@@ -90,13 +96,16 @@ def notes(config: dict[str, Any], *, provider_id: str, model: str | None) -> lis
     profiles = config.get("profiles")
     chosen = profiles.get(profile) if isinstance(profiles, dict) and isinstance(profile, str) else None
     if isinstance(chosen, dict) and chosen.get("model_provider") not in (None, provider_id):
-        out.append(f"note: your active profile '{profile}' sets model_provider = {chosen['model_provider']!r}, which "
-                   f"wins over the top level: remove it there, or run `codex --profile <another>`")
+        out.append(
+            f"note: your active profile '{profile}' sets model_provider = {chosen['model_provider']!r}, which "
+            f"wins over the top level: remove it there, or run `codex --profile <another>`"
+        )
     return out
 
 
-def install(settings: Settings, *, config_path: Path, provider_id: str, model: str | None = None,
-            dry_run: bool = False) -> Said:
+def install(
+    settings: Settings, *, config_path: Path, provider_id: str, model: str | None = None, dry_run: bool = False
+) -> Said:
     """Add the proxy provider and select it; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
     seen: list[str] = []
@@ -105,12 +114,15 @@ def install(settings: Settings, *, config_path: Path, provider_id: str, model: s
         seen.extend(notes(config, provider_id=provider_id, model=model))
         return plan_edits(config, proxy_url=proxy, provider_id=provider_id, model=model)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, fmt=TOML,
-                       dry_run=dry_run)
+    said = edit_config(
+        settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, fmt=TOML, dry_run=dry_run
+    )
     if said:
         said += seen
-        said.append(f"use it: codex (or codex exec ...); start the proxy with `ocpc launch` or `ocpc proxy` "
-                    f"(it forwards to {settings.base_url})")
+        said.append(
+            f"use it: codex (or codex exec ...); start the proxy with `ocpc launch` or `ocpc proxy` "
+            f"(it forwards to {settings.base_url})"
+        )
     return said
 
 

@@ -13,7 +13,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..errors import OcpcError
+from oc_prefix_cache.errors import OcpcError
 
 EditKind = Literal["member", "append", "replace"]
 
@@ -125,17 +125,25 @@ def plan_undo(data: dict[str, Any], changes: list[dict[str, Any]]) -> tuple[list
             if still_ours(current, ours, change.get("same_when")):
                 ops.append(UndoOp("restore", path, key, change.get("old"), change.get("old_text")))
             else:
-                kept.append(f"kept {dotted(path, key)}: you changed it since install (it was "
-                            f"{change.get('old_text') or change.get('old')!r} before)")
+                kept.append(
+                    f"kept {dotted(path, key)}: you changed it since install (it was "
+                    f"{change.get('old_text') or change.get('old')!r} before)"
+                )
         elif change["kind"] == "append":
             raise InstallError(f"cannot undo an append to {dotted(path, key)} in this format")
         elif change_still_ours(change, current):
             ops.append(UndoOp("delete", path, key))
         elif change.get("container") and isinstance(current, dict) and isinstance(ours, dict):
-            mine = [sub for sub, value in ours.items()
-                    if sub in current and still_ours(current[sub], value, change.get("same_when"))]
-            kept += [f"kept {dotted((*path, key), sub)}: you changed it since install"
-                     for sub in ours if sub in current and sub not in mine]
+            mine = [
+                sub
+                for sub, value in ours.items()
+                if sub in current and still_ours(current[sub], value, change.get("same_when"))
+            ]
+            kept += [
+                f"kept {dotted((*path, key), sub)}: you changed it since install"
+                for sub in ours
+                if sub in current and sub not in mine
+            ]
             if set(mine) == set(current):
                 ops.append(UndoOp("delete", path, key))
             else:

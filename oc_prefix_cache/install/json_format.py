@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import jsonc
-from .edits import Edit, FormatError, change_still_ours, dotted, still_ours
+from oc_prefix_cache.install import jsonc
+from oc_prefix_cache.install.edits import Edit, FormatError, change_still_ours, dotted, still_ours
 
 
 class JsonFormat:
@@ -33,8 +33,7 @@ class JsonFormat:
         text = text if text.strip() else "{\n}\n"
         changes: list[dict[str, Any]] = []
         for edit in edits:
-            change: dict[str, Any] = {"kind": edit.kind, "path": list(edit.path), "key": edit.key,
-                                      "value": edit.value}
+            change: dict[str, Any] = {"kind": edit.kind, "path": list(edit.path), "key": edit.key, "value": edit.value}
             if edit.same_when:
                 change.update(same_when=list(edit.same_when))
             if edit.kind == "replace":

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "kilo-code"
 DEFAULT_PROVIDER_ID = "ocpc"
@@ -35,16 +35,21 @@ def default_config_path(*, project: bool, cwd: Path, home: Path, environ: Mappin
     return (Path(xdg) if xdg else home / ".config") / "kilo" / "kilo.json"
 
 
-def plan_edits(config: dict[str, Any], *, proxy_url: str, provider_id: str, model: str,
-               output_limit: int | None = None) -> list[Edit]:
+def plan_edits(
+    config: dict[str, Any], *, proxy_url: str, provider_id: str, model: str, output_limit: int | None = None
+) -> list[Edit]:
     """What install must add to ``kilo.json``: the pure decision, tested on its own."""
     base = normalise_base_url(proxy_url) + "/v1"
     model_entry: dict[str, Any] = {"name": model} | ({"limit": {"output": output_limit}} if output_limit else {})
     providers = config.get("provider")
     if providers is not None and not isinstance(providers, dict):
         raise InstallError("kilo.json's 'provider' is not an object; fix it, then run install again")
-    provider = {"npm": NPM, "name": "ocpc (llama-server through the ocpc proxy)",
-                "options": {"baseURL": base, "apiKey": DUMMY_KEY}, "models": {model: model_entry}}
+    provider = {
+        "npm": NPM,
+        "name": "ocpc (llama-server through the ocpc proxy)",
+        "options": {"baseURL": base, "apiKey": DUMMY_KEY},
+        "models": {model: model_entry},
+    }
     said = f"added Kilo provider '{provider_id}' -> the ocpc proxy {base}, model '{model}'"
     edits: list[Edit] = []
     if providers is None:
@@ -52,8 +57,9 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, provider_id: str, mode
     elif provider_id not in providers:
         edits.append(Edit(("provider",), provider_id, provider, said))
     else:
-        edits += _complete(providers[provider_id], provider_id=provider_id, base=base, model=model,
-                           model_entry=model_entry)
+        edits += _complete(
+            providers[provider_id], provider_id=provider_id, base=base, model=model, model_entry=model_entry
+        )
     if "model" not in config:
         edits.append(Edit((), "model", f"{provider_id}/{model}", f"made {provider_id}/{model} Kilo's default model"))
     return edits
@@ -63,21 +69,42 @@ def _complete(existing: Any, *, provider_id: str, base: str, model: str, model_e
     options = existing.get("options") if isinstance(existing, dict) else None
     url = options.get("baseURL") if isinstance(options, dict) else None
     if not isinstance(url, str) or normalise_base_url(url) != normalise_base_url(base):
-        raise InstallError(f"Kilo provider '{provider_id}' exists and points at {url or 'no baseURL'}, not the "
-                           "proxy; pick another --provider-id")
+        raise InstallError(
+            f"Kilo provider '{provider_id}' exists and points at {url or 'no baseURL'}, not the "
+            "proxy; pick another --provider-id"
+        )
     assert isinstance(existing, dict)
     models = existing.get("models")
     if models is None:
-        return [Edit(("provider", provider_id), "models", {model: model_entry},
-                     f"added model '{model}' to Kilo provider '{provider_id}'")]
+        return [
+            Edit(
+                ("provider", provider_id),
+                "models",
+                {model: model_entry},
+                f"added model '{model}' to Kilo provider '{provider_id}'",
+            )
+        ]
     if isinstance(models, dict) and model not in models:
-        return [Edit(("provider", provider_id, "models"), model, model_entry,
-                     f"added model '{model}' to Kilo provider '{provider_id}'")]
+        return [
+            Edit(
+                ("provider", provider_id, "models"),
+                model,
+                model_entry,
+                f"added model '{model}' to Kilo provider '{provider_id}'",
+            )
+        ]
     return []
 
 
-def install(settings: Settings, *, config_path: Path, provider_id: str, model: str,
-            output_limit: int | None = None, dry_run: bool = False) -> Said:
+def install(
+    settings: Settings,
+    *,
+    config_path: Path,
+    provider_id: str,
+    model: str,
+    output_limit: int | None = None,
+    dry_run: bool = False,
+) -> Said:
     """Add (or complete) the proxy provider; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
 
@@ -86,8 +113,10 @@ def install(settings: Settings, *, config_path: Path, provider_id: str, model: s
 
     said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
-        said.append(f"use it: kilo run --model {provider_id}/{model} ...; start the proxy with `ocpc launch` "
-                    f"or `ocpc proxy` (it forwards to {settings.base_url})")
+        said.append(
+            f"use it: kilo run --model {provider_id}/{model} ...; start the proxy with `ocpc launch` "
+            f"or `ocpc proxy` (it forwards to {settings.base_url})"
+        )
     return said
 
 

@@ -17,9 +17,9 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..files import write_atomic
-from ..settings import Settings
-from .records import InstallRecord, config_target, load_records, write_records
+from oc_prefix_cache.files import write_atomic
+from oc_prefix_cache.install.records import InstallRecord, config_target, load_records, write_records
+from oc_prefix_cache.settings import Settings
 
 NPM_MANIFESTS = ("package.json", "package-lock.json")
 
@@ -59,13 +59,22 @@ def preinstall_plugin_sdk(folder: Path, version: str) -> tuple[list[str], NpmRec
         manifest = {"dependencies": {"@opencode-ai/plugin": version}}
         write_atomic(package, (json.dumps(manifest, indent=2) + "\n").encode())
     try:
-        proc = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=folder,
-                              capture_output=True, text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         failure = proc.stderr[-300:] if proc.returncode != 0 else None
     except (OSError, subprocess.TimeoutExpired) as exc:
         failure = str(exc)
-    created = [NpmEntry(path, kind, _digest(folder / path, kind))
-               for path, kind in sorted(_npm_entries(folder).items()) if path not in before]
+    created = [
+        NpmEntry(path, kind, _digest(folder / path, kind))
+        for path, kind in sorted(_npm_entries(folder).items())
+        if path not in before
+    ]
     record = NpmRecord(folder, created, _file_sha256(folder / "package-lock.json"))
     if failure is not None:
         return [f"npm install of @opencode-ai/plugin failed (OpenCode will retry at start): {failure}"], record
@@ -144,8 +153,7 @@ def record_npm(settings: Settings, config_path: Path, npm: NpmRecord) -> None:
     if raw is None:
         target = config_target(config_path)
         current = target.read_bytes() if target.exists() else b""
-        raw = asdict(InstallRecord(str(config_path), True, None, hashlib.sha256(current).hexdigest(),
-                                   restorable=False))
+        raw = asdict(InstallRecord(str(config_path), True, None, hashlib.sha256(current).hexdigest(), restorable=False))
     created = [asdict(e) for e in npm.created]
     if raw.get("npm_folder") == str(npm.folder):
         created = list(raw.get("npm_created") or []) + created
@@ -161,8 +169,10 @@ def remove_npm_files(folder: Path, created: list[NpmEntry], lock_sha256: str | N
     any of these packages: then everything npm-related stays.
     """
     if lock_sha256 is not None and _file_sha256(folder / "package-lock.json") != lock_sha256:
-        return [f"kept the npm files install created in {folder}: package-lock.json changed since install, "
-                "so npm may rely on them now (remove them by hand if not)"]
+        return [
+            f"kept the npm files install created in {folder}: package-lock.json changed since install, "
+            "so npm may rely on them now (remove them by hand if not)"
+        ]
     removed: list[str] = []
     said: list[str] = []
     for entry in created:

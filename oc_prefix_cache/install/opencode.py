@@ -14,20 +14,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .npm import preinstall_plugin_sdk, record_npm
-from .plugin import install_plugin_files
-from .records import Edit, InstallError, Said, absolute, edit_config, normalise_base_url, withdraw
+from oc_prefix_cache.install.npm import preinstall_plugin_sdk, record_npm
+from oc_prefix_cache.install.plugin import install_plugin_files
+from oc_prefix_cache.install.records import (
+    Edit,
+    InstallError,
+    Said,
+    absolute,
+    edit_config,
+    normalise_base_url,
+    withdraw,
+)
+from oc_prefix_cache.settings import Settings
 
 CONTEXT_LIMIT = 32768  # OpenCode wants both limits when one is set; the tiny models' context
 #: What the title request costs a new session, measured with ocpc in OpenCode 1.18.33's TUI on
 #: Gemma 3 270M (bench/title_bench.py; docs/performance.md has the tables): what install says
 #: when it turns titles off, and when it keeps them.
-TITLE_COST = ("each new session's title request (~600 prompt tokens and a short reply) held the server 2.1-3.0 s: "
-              "with one slot the first request waited up to 1.9 s for it (~12% of the first answer); with two it "
-              "ran beside it and the first answer took 18% longer (measured: docs/performance.md)")
-TITLE_OFF = (f"disabled OpenCode's title request (agent.title.disable): {TITLE_COST}; "
-             "`ocpc install --keep-title` keeps titles")
+TITLE_COST = (
+    "each new session's title request (~600 prompt tokens and a short reply) held the server 2.1-3.0 s: "
+    "with one slot the first request waited up to 1.9 s for it (~12% of the first answer); with two it "
+    "ran beside it and the first answer took 18% longer (measured: docs/performance.md)"
+)
+TITLE_OFF = (
+    f"disabled OpenCode's title request (agent.title.disable): {TITLE_COST}; `ocpc install --keep-title` keeps titles"
+)
 TITLE_KEPT = f"kept OpenCode's title request (--keep-title): {TITLE_COST}"
 TITLE_BACK = "took out agent.title.disable, which an earlier `ocpc install` had set (--keep-title)"
 
@@ -38,8 +49,16 @@ def default_config_path(*, project: bool, cwd: Path, xdg_config_home: Path) -> P
     return jsonc_path if jsonc_path.exists() else folder / "opencode.json"
 
 
-def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provider_id: str,
-               model: str, keep_title: bool, output_limit: int | None = None) -> list[Edit]:
+def plan_edits(
+    config: dict[str, Any],
+    *,
+    plugin_url: str,
+    base_url: str,
+    provider_id: str,
+    model: str,
+    keep_title: bool,
+    output_limit: int | None = None,
+) -> list[Edit]:
     """What install must insert into ``config``: the pure decision, tested on its own."""
     edits: list[Edit] = []
     plugins = config.get("plugin")
@@ -54,11 +73,15 @@ def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provid
             "npm": "@ai-sdk/openai-compatible",
             "name": "llama.cpp (ocpc)",
             "options": {"baseURL": normalise_base_url(base_url) + "/v1"},
-            "models": {model: {"name": model} | (
-                {"limit": {"context": CONTEXT_LIMIT, "output": output_limit}} if output_limit else {})},
+            "models": {
+                model: {"name": model}
+                | ({"limit": {"context": CONTEXT_LIMIT, "output": output_limit}} if output_limit else {})
+            },
         }
         if providers is None:
-            edits.append(Edit((), "provider", {provider_id: provider}, f"added provider '{provider_id}' for {base_url}"))
+            edits.append(
+                Edit((), "provider", {provider_id: provider}, f"added provider '{provider_id}' for {base_url}")
+            )
         elif provider_id in providers:
             raise InstallError(f"provider '{provider_id}' exists and points elsewhere; pick --provider-id")
         else:
@@ -75,8 +98,9 @@ def plan_edits(config: dict[str, Any], *, plugin_url: str, base_url: str, provid
 def is_title_switch(change: dict[str, Any]) -> bool:
     """A recorded change that is install's title switch, in either shape ``plan_edits`` makes."""
     path, key, value = list(change.get("path") or []), change.get("key"), change.get("value")
-    return ((path == [] and key == "agent" and value == {"title": {"disable": True}})
-            or (path == ["agent"] and key == "title" and value == {"disable": True}))
+    return (path == [] and key == "agent" and value == {"title": {"disable": True}}) or (
+        path == ["agent"] and key == "title" and value == {"disable": True}
+    )
 
 
 def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
@@ -92,17 +116,33 @@ def matching_provider(config: dict[str, Any], base_url: str) -> str | None:
     return None
 
 
-def install(settings: Settings, *, config_path: Path, base_url: str, provider_id: str, model: str,
-            keep_title: bool = False, opencode_version: str | None = None,
-            output_limit: int | None = None, dry_run: bool = False) -> Said:
+def install(
+    settings: Settings,
+    *,
+    config_path: Path,
+    base_url: str,
+    provider_id: str,
+    model: str,
+    keep_title: bool = False,
+    opencode_version: str | None = None,
+    output_limit: int | None = None,
+    dry_run: bool = False,
+) -> Said:
     """Install; returns one line per change (empty when there was nothing to do)."""
     config_path = absolute(config_path)  # the npm folder is recorded as its parent
     said: list[str] = []
     plugin_path = install_plugin_files(settings, base_url, said, dry_run=dry_run)
 
     def plan(config: dict[str, Any]) -> list[Edit]:
-        return plan_edits(config, plugin_url=plugin_path.as_uri(), base_url=base_url, provider_id=provider_id,
-                          model=model, keep_title=keep_title, output_limit=output_limit)
+        return plan_edits(
+            config,
+            plugin_url=plugin_path.as_uri(),
+            base_url=base_url,
+            provider_id=provider_id,
+            model=model,
+            keep_title=keep_title,
+            output_limit=output_limit,
+        )
 
     if keep_title and not dry_run:  # the user's choice now, over an earlier install's
         taken, lines = withdraw(settings, config_path=config_path, harness="opencode", picks=is_title_switch)

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "pi"
 DEFAULT_PROVIDER_ID = "ocpc"
@@ -33,8 +33,9 @@ def default_config_path(*, home: Path, environ: Mapping[str, str]) -> Path:
     return (Path(folder).expanduser() if folder else home / ".pi" / "agent") / "models.json"
 
 
-def plan_edits(config: dict[str, Any], *, proxy_url: str, provider_id: str, model: str,
-               output_limit: int | None = None) -> list[Edit]:
+def plan_edits(
+    config: dict[str, Any], *, proxy_url: str, provider_id: str, model: str, output_limit: int | None = None
+) -> list[Edit]:
     """What install must add to ``models.json``: the pure decision, tested on its own."""
     base = normalise_base_url(proxy_url) + "/v1"
     model_entry: dict[str, Any] = {"id": model} | ({"maxTokens": output_limit} if output_limit else {})
@@ -51,18 +52,22 @@ def plan_edits(config: dict[str, Any], *, proxy_url: str, provider_id: str, mode
     return _complete(existing, path=("providers", provider_id), base=base, model=model, model_entry=model_entry)
 
 
-def _complete(existing: Any, *, path: tuple[str, ...], base: str, model: str,
-              model_entry: dict[str, Any]) -> list[Edit]:
+def _complete(
+    existing: Any, *, path: tuple[str, ...], base: str, model: str, model_entry: dict[str, Any]
+) -> list[Edit]:
     """A provider of this id exists: add what it lacks when it is ours in kind, else refuse."""
     pid = path[-1]
     url = existing.get("baseUrl") if isinstance(existing, dict) else None
     if not isinstance(url, str) or normalise_base_url(url) != normalise_base_url(base):
-        raise InstallError(f"pi provider '{pid}' exists and points at {url or 'no baseUrl'}, not the proxy; "
-                           "pick another --provider-id")
+        raise InstallError(
+            f"pi provider '{pid}' exists and points at {url or 'no baseUrl'}, not the proxy; pick another --provider-id"
+        )
     assert isinstance(existing, dict)
     if existing.get("api", API) != API:
-        raise InstallError(f"pi provider '{pid}' uses api {existing.get('api')!r}; the proxy serves {API} at "
-                           f"{base}; pick another --provider-id")
+        raise InstallError(
+            f"pi provider '{pid}' uses api {existing.get('api')!r}; the proxy serves {API} at "
+            f"{base}; pick another --provider-id"
+        )
     edits: list[Edit] = []
     compat = existing.get("compat")
     if compat is None:
@@ -70,9 +75,16 @@ def _complete(existing: Any, *, path: tuple[str, ...], base: str, model: str,
     elif isinstance(compat, dict) and AFFINITY not in compat:
         edits.append(Edit((*path, "compat"), AFFINITY, True, f"turned on pi's session-affinity headers for '{pid}'"))
     elif isinstance(compat, dict) and compat.get(AFFINITY) is not True:
-        edits.append(Edit((*path, "compat"), AFFINITY, True,
-                          f"replaced your compat.{AFFINITY}={compat.get(AFFINITY)!r} of '{pid}' with true (without the "
-                          "session id a conversation cannot keep its slot); uninstall puts yours back", kind="replace"))
+        edits.append(
+            Edit(
+                (*path, "compat"),
+                AFFINITY,
+                True,
+                f"replaced your compat.{AFFINITY}={compat.get(AFFINITY)!r} of '{pid}' with true (without the "
+                "session id a conversation cannot keep its slot); uninstall puts yours back",
+                kind="replace",
+            )
+        )
     models = existing.get("models")
     if models is None:
         edits.append(Edit(path, "models", [model_entry], f"added model '{model}' to pi provider '{pid}'"))
@@ -81,8 +93,15 @@ def _complete(existing: Any, *, path: tuple[str, ...], base: str, model: str,
     return edits
 
 
-def install(settings: Settings, *, config_path: Path, provider_id: str, model: str,
-            output_limit: int | None = None, dry_run: bool = False) -> Said:
+def install(
+    settings: Settings,
+    *,
+    config_path: Path,
+    provider_id: str,
+    model: str,
+    output_limit: int | None = None,
+    dry_run: bool = False,
+) -> Said:
     """Add (or complete) the proxy provider; one line per change (none: nothing to do)."""
     proxy = settings.proxy_url
 
@@ -91,8 +110,10 @@ def install(settings: Settings, *, config_path: Path, provider_id: str, model: s
 
     said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
-        said.append(f"use it: pi --provider {provider_id} --model {model}; start the proxy with `ocpc launch` "
-                    f"or `ocpc proxy` (it forwards to {settings.base_url})")
+        said.append(
+            f"use it: pi --provider {provider_id} --model {model}; start the proxy with `ocpc launch` "
+            f"or `ocpc proxy` (it forwards to {settings.base_url})"
+        )
     return said
 
 
@@ -102,5 +123,8 @@ def proxy_providers(config: dict[str, Any], proxy_url: str) -> dict[str, dict[st
     if not isinstance(providers, dict):
         return {}
     want = normalise_base_url(proxy_url)
-    return {str(pid): p for pid, p in providers.items()
-            if isinstance(p, dict) and isinstance(p.get("baseUrl"), str) and normalise_base_url(p["baseUrl"]) == want}
+    return {
+        str(pid): p
+        for pid, p in providers.items()
+        if isinstance(p, dict) and isinstance(p.get("baseUrl"), str) and normalise_base_url(p["baseUrl"]) == want
+    }

@@ -15,9 +15,9 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from ..files import write_private
-from ..settings import Settings
-from .records import InstallError, normalise_base_url
+from oc_prefix_cache.files import write_private
+from oc_prefix_cache.install.records import InstallError, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 PLUGIN_NAME = "ocpc-plugin.js"
 SOURCE_TREE_PLUGIN = Path(__file__).resolve().parent.parent.parent / "plugin-js" / PLUGIN_NAME
@@ -60,8 +60,10 @@ def packaged_plugin() -> PluginCopy:
         return PluginCopy(str(shipped), shipped.read_bytes())
     if SOURCE_TREE_PLUGIN.is_file():
         return PluginCopy(str(SOURCE_TREE_PLUGIN), SOURCE_TREE_PLUGIN.read_bytes())
-    raise InstallError(f"this ocpc carries no plugin (looked for {shipped} and {SOURCE_TREE_PLUGIN}); "
-                       "reinstall ocpc from its wheel or a full checkout")
+    raise InstallError(
+        f"this ocpc carries no plugin (looked for {shipped} and {SOURCE_TREE_PLUGIN}); "
+        "reinstall ocpc from its wheel or a full checkout"
+    )
 
 
 def installed_plugin_path(settings: Settings) -> Path:
@@ -88,14 +90,19 @@ def installed_plugin_state(settings: Settings, installed: Path | None = None) ->
         return state
     mine, theirs = _version_key(state.installed_version), _version_key(state.package_version)
     if mine is not None and theirs is not None and mine < theirs:
-        problem = (f"the installed plugin {path} is {state.installed_version}, older than this ocpc's "
-                   f"{state.package_version}")
+        problem = (
+            f"the installed plugin {path} is {state.installed_version}, older than this ocpc's {state.package_version}"
+        )
     elif mine is not None and theirs is not None and mine > theirs:
-        problem = (f"the installed plugin {path} is {state.installed_version}, newer than this ocpc's "
-                   f"{state.package_version} (a newer ocpc installed it?)")
+        problem = (
+            f"the installed plugin {path} is {state.installed_version}, newer than this ocpc's "
+            f"{state.package_version} (a newer ocpc installed it?)"
+        )
     else:
-        problem = (f"the installed plugin {path} ({state.installed_version or 'no version'}) differs from "
-                   f"this ocpc's copy ({state.package_version or 'no version'})")
+        problem = (
+            f"the installed plugin {path} ({state.installed_version or 'no version'}) differs from "
+            f"this ocpc's copy ({state.package_version or 'no version'})"
+        )
     return PluginState(path, state.installed_version, state.package_version, problem)
 
 
@@ -116,13 +123,19 @@ def install_plugin_files(settings: Settings, base_url: str, said: list[str], *, 
         if not dry_run:
             write_private(target, plugin.data)
         said.append(f"{would}copied the plugin{f' {plugin.version}' if plugin.version else ''} to {target}")
-    plugin_settings = {"daemonUrl": settings.daemon_url, "baseURL": normalise_base_url(base_url),
-                       "logFile": str(settings.log_dir / "plugin.jsonl")}
+    plugin_settings = {
+        "daemonUrl": settings.daemon_url,
+        "baseURL": normalise_base_url(base_url),
+        "logFile": str(settings.log_dir / "plugin.jsonl"),
+    }
     settings_path = target.parent / "ocpc-plugin.json"
     data = (json.dumps(plugin_settings, indent=2) + "\n").encode()
     if not settings_path.exists() or settings_path.read_bytes() != data:
         if not dry_run:
             write_private(settings_path, data)
-        said.append(f"{would}written {settings_path} (daemon {settings.daemon_url}, server {base_url})"
-                    if dry_run else f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})")
+        said.append(
+            f"{would}written {settings_path} (daemon {settings.daemon_url}, server {base_url})"
+            if dry_run
+            else f"wrote {settings_path} (daemon {settings.daemon_url}, server {base_url})"
+        )
     return target

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..settings import Settings
-from . import aider, claude_code, cline, codex, kilo_code, pi, qwen_code
-from .edits import InstallError
-from .records import Said
+from oc_prefix_cache.install import aider, claude_code, cline, codex, kilo_code, pi, qwen_code
+from oc_prefix_cache.install.edits import InstallError
+from oc_prefix_cache.install.records import Said
+from oc_prefix_cache.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -66,21 +66,47 @@ def check_options(harness: str, *, provider_id: str | None, output_limit: int | 
         raise InstallError(f"{harness} takes no output limit from ocpc; drop --output-limit")
 
 
-def install(settings: Settings, harness: str, *, config_path: Path, model: str | None, provider_id: str | None,
-            output_limit: int | None, environ: Mapping[str, str], dry_run: bool) -> Said:
+def install(
+    settings: Settings,
+    harness: str,
+    *,
+    config_path: Path,
+    model: str | None,
+    provider_id: str | None,
+    output_limit: int | None,
+    environ: Mapping[str, str],
+    dry_run: bool,
+) -> Said:
     """Wire ``harness`` to ``settings.proxy_url``; one line per change."""
     check_options(harness, provider_id=provider_id, output_limit=output_limit)
     if harness == "claude-code":
         return claude_code.install(settings, config_path=config_path, model=model, dry_run=dry_run)
     if harness == "pi":
-        return pi.install(settings, config_path=config_path, provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
-                          model=model or "local", output_limit=output_limit, dry_run=dry_run)
+        return pi.install(
+            settings,
+            config_path=config_path,
+            provider_id=provider_id or pi.DEFAULT_PROVIDER_ID,
+            model=model or "local",
+            output_limit=output_limit,
+            dry_run=dry_run,
+        )
     if harness == "kilo-code":
-        return kilo_code.install(settings, config_path=config_path, output_limit=output_limit, model=model or "local",
-                                 provider_id=provider_id or kilo_code.DEFAULT_PROVIDER_ID, dry_run=dry_run)
+        return kilo_code.install(
+            settings,
+            config_path=config_path,
+            output_limit=output_limit,
+            model=model or "local",
+            provider_id=provider_id or kilo_code.DEFAULT_PROVIDER_ID,
+            dry_run=dry_run,
+        )
     if harness == "codex":
-        return codex.install(settings, config_path=config_path, model=model, dry_run=dry_run,
-                             provider_id=provider_id or codex.DEFAULT_PROVIDER_ID)
+        return codex.install(
+            settings,
+            config_path=config_path,
+            model=model,
+            dry_run=dry_run,
+            provider_id=provider_id or codex.DEFAULT_PROVIDER_ID,
+        )
     if harness == "aider":
         return aider.install(settings, config_path=config_path, model=model, environ=environ, dry_run=dry_run)
     if harness == "qwen-code":

@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..settings import Settings
-from .records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.install.records import Edit, InstallError, Said, edit_config, normalise_base_url
+from oc_prefix_cache.settings import Settings
 
 HARNESS = "qwen-code"
 DEFAULT_MODEL = "local"
@@ -41,22 +41,29 @@ def default_config_path(*, project: bool, cwd: Path, home: Path) -> Path:
 def plan_edits(config: dict[str, Any], *, proxy_url: str, model: str) -> list[Edit]:
     """What install must add to ``settings.json``: the pure decision, tested on its own."""
     base = normalise_base_url(proxy_url) + "/v1"
-    entry = {"id": model, "name": f"{model} (llama-server through the ocpc proxy)", "baseUrl": base,
-             "envKey": KEY_ENV}
+    entry = {"id": model, "name": f"{model} (llama-server through the ocpc proxy)", "baseUrl": base, "envKey": KEY_ENV}
     edits, selected_url = _provider(config, entry)
     edits += _object(config, "env", {KEY_ENV: DUMMY_KEY}, "the dummy key its entry names")
     edits += _nested(config, ("security", "auth"), "selectedType", AUTH, "Qwen Code's OpenAI-compatible protocol")
     edits += _object(config, "model", {"name": model, "baseUrl": selected_url}, "the model Qwen Code uses")
     if not config:
-        edits.append(Edit((), "$version", SETTINGS_VERSION, f"marked the new file as settings version "
-                          f"{SETTINGS_VERSION} (else Qwen Code migrates and rewrites it)"))
+        edits.append(
+            Edit(
+                (),
+                "$version",
+                SETTINGS_VERSION,
+                f"marked the new file as settings version {SETTINGS_VERSION} (else Qwen Code migrates and rewrites it)",
+            )
+        )
     return edits
 
 
 def _provider(config: dict[str, Any], entry: dict[str, str]) -> tuple[list[Edit], str]:
     """The edit that adds the proxy's entry (none when there is one), and the ``baseUrl`` that
     selects it (an existing entry's own spelling: Qwen Code matches it as text)."""
-    said = f"added Qwen Code model provider '{entry['id']}' (modelProviders.openai) -> the ocpc proxy {entry['baseUrl']}"
+    said = (
+        f"added Qwen Code model provider '{entry['id']}' (modelProviders.openai) -> the ocpc proxy {entry['baseUrl']}"
+    )
     providers = config.get("modelProviders")
     if providers is None:
         return [Edit((), "modelProviders", {AUTH: [entry]}, said, container=True)], entry["baseUrl"]
@@ -66,12 +73,17 @@ def _provider(config: dict[str, Any], entry: dict[str, str]) -> tuple[list[Edit]
     if models is None:
         return [Edit(("modelProviders",), AUTH, [entry], said)], entry["baseUrl"]
     if not isinstance(models, list):
-        raise InstallError("settings.json's 'modelProviders.openai' is not a list of models; fix it, then run "
-                           "install again")
+        raise InstallError(
+            "settings.json's 'modelProviders.openai' is not a list of models; fix it, then run install again"
+        )
     for existing in models:
         url = existing.get("baseUrl") if isinstance(existing, dict) else None
-        if (isinstance(existing, dict) and existing.get("id") == entry["id"] and isinstance(url, str)
-                and normalise_base_url(url) == normalise_base_url(entry["baseUrl"])):
+        if (
+            isinstance(existing, dict)
+            and existing.get("id") == entry["id"]
+            and isinstance(url, str)
+            and normalise_base_url(url) == normalise_base_url(entry["baseUrl"])
+        ):
             return [], url
     # prepended: of two entries with one id, Qwen Code takes the first
     return [Edit(("modelProviders",), AUTH, entry, said, kind="append")], entry["baseUrl"]
@@ -96,13 +108,13 @@ def _nested(config: dict[str, Any], path: tuple[str, ...], key: str, value: str,
         child = node.get(part)
         if child is None:
             block: Any = {key: value}
-            for outer in reversed(path[depth + 1:]):
+            for outer in reversed(path[depth + 1 :]):
                 block = {outer: block}
-            return [Edit(path[:depth], part, block, f"set {'.'.join((*path, key))}: {value!r} ({why})",
-                         container=True)]
+            return [Edit(path[:depth], part, block, f"set {'.'.join((*path, key))}: {value!r} ({why})", container=True)]
         if not isinstance(child, dict):
-            raise InstallError(f"settings.json's '{'.'.join(path[:depth + 1])}' is not an object; fix it, then run "
-                               "install again")
+            raise InstallError(
+                f"settings.json's '{'.'.join(path[: depth + 1])}' is not an object; fix it, then run install again"
+            )
         node = child
     return _member(node, path, key, value, why)
 
@@ -113,8 +125,11 @@ def _member(node: dict[str, Any], path: tuple[str, ...], key: str, value: str, w
         return [Edit(path, key, value, f"set {name}: {value!r} ({why})")]
     if node[key] == value:
         return []
-    return [Edit(path, key, value, f"replaced your {name}: {node[key]!r} with {value!r} ({why}); {UNINSTALL}",
-                 kind="replace")]
+    return [
+        Edit(
+            path, key, value, f"replaced your {name}: {node[key]!r} with {value!r} ({why}); {UNINSTALL}", kind="replace"
+        )
+    ]
 
 
 def install(settings: Settings, *, config_path: Path, model: str | None = None, dry_run: bool = False) -> Said:
@@ -125,12 +140,13 @@ def install(settings: Settings, *, config_path: Path, model: str | None = None, 
     def plan(config: dict[str, Any]) -> list[Edit]:
         return plan_edits(config, proxy_url=proxy, model=name)
 
-    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy,
-                       dry_run=dry_run)
+    said = edit_config(settings, config_path=config_path, harness=HARNESS, plan=plan, proxy_url=proxy, dry_run=dry_run)
     if said:
-        said.append(f"use it: qwen (or qwen -p ...); start the proxy with `ocpc launch` or `ocpc proxy` (it forwards "
-                    f"to {settings.base_url}); a project's .qwen/settings.json with its own modelProviders replaces "
-                    "this file's")
+        said.append(
+            f"use it: qwen (or qwen -p ...); start the proxy with `ocpc launch` or `ocpc proxy` (it forwards "
+            f"to {settings.base_url}); a project's .qwen/settings.json with its own modelProviders replaces "
+            "this file's"
+        )
     return said
 
 

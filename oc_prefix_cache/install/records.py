@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..files import private_dir, write_atomic, write_private
-from ..settings import Settings
-from .edits import ConfigFormat, Edit, EditKind, FormatError, InstallError
-from .json_format import JSON
+from oc_prefix_cache.files import private_dir, write_atomic, write_private
+from oc_prefix_cache.install.edits import ConfigFormat, Edit, EditKind, FormatError, InstallError
+from oc_prefix_cache.install.json_format import JSON
+from oc_prefix_cache.settings import Settings
 
 __all__ = ["ConfigFormat", "Edit", "EditKind", "FormatError", "InstallError", "InstallRecord", "Said"]
 
@@ -38,8 +38,9 @@ class Said(list[str]):
     for ``--json`` and ``--dry-run``, the config it edits, the unified diff of its text, and
     whether anything was written."""
 
-    def __init__(self, lines: list[str] | None = None, *, config: str = "", diff: str = "",
-                 dry_run: bool = False) -> None:
+    def __init__(
+        self, lines: list[str] | None = None, *, config: str = "", diff: str = "", dry_run: bool = False
+    ) -> None:
         super().__init__(lines or [])
         self.config = config
         self.diff = diff
@@ -112,14 +113,22 @@ def read_config(config_path: Path, fmt: ConfigFormat = JSON) -> tuple[Path, bool
     try:
         config = fmt.parse(text)
     except FormatError as exc:
-        raise InstallError(f"{config_path} {exc}; fix it (or move it away), then run install again. "
-                           "ocpc did not touch it") from exc
+        raise InstallError(
+            f"{config_path} {exc}; fix it (or move it away), then run install again. ocpc did not touch it"
+        ) from exc
     return target, existed, original, text, config
 
 
-def edit_config(settings: Settings, *, config_path: Path, harness: str,
-                plan: Callable[[dict[str, Any]], list[Edit]], proxy_url: str | None = None,
-                fmt: ConfigFormat = JSON, dry_run: bool = False) -> Said:
+def edit_config(
+    settings: Settings,
+    *,
+    config_path: Path,
+    harness: str,
+    plan: Callable[[dict[str, Any]], list[Edit]],
+    proxy_url: str | None = None,
+    fmt: ConfigFormat = JSON,
+    dry_run: bool = False,
+) -> Said:
     """Apply ``plan``'s edits to the config, backed up and recorded; one line per change.
 
     Every harness goes through here, so each gets the same care: nothing is written that
@@ -132,29 +141,56 @@ def edit_config(settings: Settings, *, config_path: Path, harness: str,
     records = load_records(settings)
     previous = records.get(str(config_path))
     if previous is not None and previous.get("harness", "opencode") != harness:
-        raise InstallError(f"ocpc installed {previous.get('harness', 'opencode')} into {config_path}, not {harness}; "
-                           f"pick this harness's own config (--config)")
+        raise InstallError(
+            f"ocpc installed {previous.get('harness', 'opencode')} into {config_path}, not {harness}; "
+            f"pick this harness's own config (--config)"
+        )
     edits = plan(config)
     if not edits:
         return Said(config=str(target), dry_run=dry_run)
     try:
         new_text, changes = fmt.apply(text, edits)
     except FormatError as exc:
-        raise InstallError(f"{config_path} {exc}; ocpc did not touch it. Make these changes by hand instead: "
-                           + "; ".join(e.says for e in edits if e.says)) from exc
-    diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
-                                        str(target) if existed else "/dev/null", str(target)))
+        raise InstallError(
+            f"{config_path} {exc}; ocpc did not touch it. Make these changes by hand instead: "
+            + "; ".join(e.says for e in edits if e.says)
+        ) from exc
+    diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            new_text.splitlines(keepends=True),
+            str(target) if existed else "/dev/null",
+            str(target),
+        )
+    )
     behind = f" (behind the link {config_path})" if target != config_path else ""
     if dry_run:
-        return Said([e.says for e in edits if e.says] + [f"dry run: would write {target}{behind}; wrote nothing"],
-                    config=str(target), diff=diff, dry_run=True)
+        return Said(
+            [e.says for e in edits if e.says] + [f"dry run: would write {target}{behind}; wrote nothing"],
+            config=str(target),
+            diff=diff,
+            dry_run=True,
+        )
     backup = _backup(settings, config_path, original) if existed else None
     write_keeping_mode(target, new_text.encode())
-    save_record(settings, InstallRecord(str(config_path), existed, str(backup) if backup else None,
-                                        hashlib.sha256(new_text.encode()).hexdigest(), changes,
-                                        harness=harness, proxy_url=proxy_url, format=fmt.name))
-    return Said([e.says for e in edits if e.says] + [f"wrote {target}{behind}" + (f" (backup: {backup})" if backup else "")],
-                config=str(target), diff=diff)
+    save_record(
+        settings,
+        InstallRecord(
+            str(config_path),
+            existed,
+            str(backup) if backup else None,
+            hashlib.sha256(new_text.encode()).hexdigest(),
+            changes,
+            harness=harness,
+            proxy_url=proxy_url,
+            format=fmt.name,
+        ),
+    )
+    return Said(
+        [e.says for e in edits if e.says] + [f"wrote {target}{behind}" + (f" (backup: {backup})" if backup else "")],
+        config=str(target),
+        diff=diff,
+    )
 
 
 def write_keeping_mode(path: Path, data: bytes) -> None:
@@ -173,8 +209,10 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
     if not target.exists():  # deleted since: there is nothing of ours left to take out
         if not record.existed:
             return [f"{config_path} is gone already (ocpc had created it); nothing to restore"]
-        return [f"{config_path} is gone (deleted since install); wrote nothing"
-                + (f"; the original is still in {record.backup}" if record.backup else "")]
+        return [
+            f"{config_path} is gone (deleted since install); wrote nothing"
+            + (f"; the original is still in {record.backup}" if record.backup else "")
+        ]
     current = target.read_bytes()
     if record.restorable and hashlib.sha256(current).hexdigest() == record.written_sha256:
         if record.existed and record.backup:
@@ -196,8 +234,9 @@ def restore_config(record: InstallRecord, config_path: Path) -> list[str]:
     return [f"removed ocpc's entries from {target}; your later edits are kept"] + kept
 
 
-def withdraw(settings: Settings, *, config_path: Path, harness: str,
-             picks: Callable[[dict[str, Any]], bool]) -> tuple[bool, list[str]]:
+def withdraw(
+    settings: Settings, *, config_path: Path, harness: str, picks: Callable[[dict[str, Any]], bool]
+) -> tuple[bool, list[str]]:
     """Take out the recorded changes of an earlier install that ``picks`` chooses (the user
     chose otherwise since: ``ocpc install --keep-title`` after an install that turned titles
     off); the record keeps the others, so uninstall still puts the config back byte for byte.
@@ -253,13 +292,14 @@ def _without_changes(current: bytes, record: InstallRecord, config_path: Path) -
 
 def format_of(record: InstallRecord) -> ConfigFormat:
     """The format the record's config was edited in (records from before formats: JSON)."""
-    from .toml_format import TOML
-    from .yaml_format import YamlFormat
+    from oc_prefix_cache.install.toml_format import TOML
+    from oc_prefix_cache.install.yaml_format import YamlFormat
 
     formats: dict[str, ConfigFormat] = {"json": JSON, "toml": TOML, "yaml": YamlFormat(record.harness)}
     if record.format not in formats:
-        raise InstallError(f"ocpc installed {record.config} as {record.format!r}, which this ocpc cannot undo; "
-                           "upgrade ocpc")
+        raise InstallError(
+            f"ocpc installed {record.config} as {record.format!r}, which this ocpc cannot undo; upgrade ocpc"
+        )
     return formats[record.format]
 
 
@@ -299,8 +339,9 @@ def parse_record(settings: Settings, raw: dict[str, Any]) -> InstallRecord:
 
 def installed(settings: Settings, harness: str) -> list[InstallRecord]:
     """The configs ocpc installed ``harness`` into, as recorded."""
-    return [record for raw in load_records(settings).values()
-            if (record := parse_record(settings, raw)).harness == harness]
+    return [
+        record for raw in load_records(settings).values() if (record := parse_record(settings, raw)).harness == harness
+    ]
 
 
 def save_record(settings: Settings, record: InstallRecord) -> None:

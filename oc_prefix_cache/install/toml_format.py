@@ -21,7 +21,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
-from .edits import Edit, FormatError, InstallError, apply_undo, expected_after, plan_undo
+from oc_prefix_cache.install.edits import Edit, FormatError, InstallError, apply_undo, expected_after, plan_undo
 
 Container = Any  # tomlkit's TOMLDocument, Table or InlineTable: all behave as mutable mappings
 
@@ -43,9 +43,14 @@ class TomlFormat:
             if edit.kind == "append":
                 raise InstallError("TOML installs add or replace keys only")
             parent = _container(doc, edit.path)
-            change: dict[str, Any] = {"kind": edit.kind, "path": list(edit.path), "key": edit.key,
-                                      "value": edit.value, "container": edit.container,
-                                      "same_when": list(edit.same_when)}
+            change: dict[str, Any] = {
+                "kind": edit.kind,
+                "path": list(edit.path),
+                "key": edit.key,
+                "value": edit.value,
+                "container": edit.container,
+                "same_when": list(edit.same_when),
+            }
             if edit.kind == "replace":
                 old: Item = parent[edit.key]
                 change.update(old=_jsonable(old.unwrap()), old_text=old.as_string().strip())
@@ -53,8 +58,10 @@ class TomlFormat:
             changes.append(change)
         out = _keep_final_newline(text, tomlkit.dumps(doc))
         if self.parse(out) != expected_after(before, edits):
-            raise FormatError("cannot take ocpc's entries without changing what the rest of it means "
-                              "(tomlkit placed them wrongly, e.g. beside dotted keys)")
+            raise FormatError(
+                "cannot take ocpc's entries without changing what the rest of it means "
+                "(tomlkit placed them wrongly, e.g. beside dotted keys)"
+            )
         return out, changes
 
     def undo(self, text: str, changes: list[dict[str, Any]], kept: list[str]) -> str:
@@ -98,8 +105,10 @@ def _container(doc: tomlkit.TOMLDocument, path: tuple[str, ...]) -> Container:
     for part in path:
         node = node[part]
         if not isinstance(node, (Table, InlineTable)):  # dotted keys, or a table split in pieces
-            raise FormatError(f"cannot add to its '{'.'.join(path)}' without changing what the rest of it means "
-                              f"(tomlkit edits only [table] headers and inline tables there)")
+            raise FormatError(
+                f"cannot add to its '{'.'.join(path)}' without changing what the rest of it means "
+                f"(tomlkit edits only [table] headers and inline tables there)"
+            )
     return node
 
 

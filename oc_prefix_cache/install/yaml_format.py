@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .edits import Edit, FormatError, InstallError, UndoOp, apply_undo, expected_after, plan_undo
+from oc_prefix_cache.install.edits import Edit, FormatError, InstallError, UndoOp, apply_undo, expected_after, plan_undo
 
 HEADER = "# added by `ocpc install --harness {harness}`; `ocpc uninstall --harness {harness}` takes it out\n"
 
@@ -69,8 +69,10 @@ class YamlFormat:
             out += ("\n" if out and not out.endswith("\n") else "") + header + "".join(added)
             changes.append({"kind": "comment", "path": [], "key": "", "value": None, "snippet": header})
         if self.parse(out) != expected_after(before, edits):
-            raise FormatError("cannot take ocpc's entries at its end without changing what it means "
-                              "(a flow mapping, an indented top level or a document end marker?)")
+            raise FormatError(
+                "cannot take ocpc's entries at its end without changing what it means "
+                "(a flow mapping, an indented top level or a document end marker?)"
+            )
         return out, changes
 
     def undo(self, text: str, changes: list[dict[str, Any]], kept: list[str]) -> str:
@@ -132,12 +134,15 @@ def _undo_span(text: str, pairs: list[tuple[yaml.Node, yaml.Node]], op: UndoOp) 
     entry's whole line, which must hold nothing else."""
     node = _value_node(pairs, op.key)
     if op.op == "restore":
-        return node.start_mark.index, node.end_mark.index, str(op.old_text if op.old_text is not None
-                                                               else scalar(op.old))
+        return (
+            node.start_mark.index,
+            node.end_mark.index,
+            str(op.old_text if op.old_text is not None else scalar(op.old)),
+        )
     key_node = next(k for k, v in pairs if v is node)
     start = text.rfind("\n", 0, key_node.start_mark.index) + 1
     end = text.find("\n", node.end_mark.index)
     end = len(text) if end < 0 else end + 1
-    if text[start:key_node.start_mark.index].strip() or text[node.end_mark.index:end].strip():
+    if text[start : key_node.start_mark.index].strip() or text[node.end_mark.index : end].strip():
         raise InstallError(f"'{op.key}' shares its line with something else; take it out by hand")
     return start, end, ""

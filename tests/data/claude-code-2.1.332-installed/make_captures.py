@@ -26,12 +26,17 @@ from typing import Any
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
-DEFAULT_BINARY = (Path.home() / ".cache/oc-prefix-cache/claude-code-2.1.332/node_modules/@anthropic-ai/claude-code"
-                  "/bin/claude.exe")
+DEFAULT_BINARY = (
+    Path.home() / ".cache/oc-prefix-cache/claude-code-2.1.332/node_modules/@anthropic-ai/claude-code/bin/claude.exe"
+)
 SUBAGENT_ASK = "Use a subagent to locate the refund logic in this repo, then reply done."
 DELEGATED = "find where refunds are computed"
-GIT_ENV = {"GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com", "GIT_COMMITTER_NAME": "dev",
-           "GIT_COMMITTER_EMAIL": "dev@example.com"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "dev",
+    "GIT_AUTHOR_EMAIL": "dev@example.com",
+    "GIT_COMMITTER_NAME": "dev",
+    "GIT_COMMITTER_EMAIL": "dev@example.com",
+}
 
 
 def reply(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
@@ -44,28 +49,51 @@ def reply(body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
         cwd = re.search(r"Primary working directory: (\S+)", text)
         return "tool_use", "Read", {"file_path": f"{cwd.group(1) if cwd else '/tmp'}/README.md"}
     if SUBAGENT_ASK in text and not done:
-        return "tool_use", "Agent", {"description": "Find refund computation", "prompt": DELEGATED,
-                                     "subagent_type": "general-purpose", "run_in_background": False}
+        return (
+            "tool_use",
+            "Agent",
+            {
+                "description": "Find refund computation",
+                "prompt": DELEGATED,
+                "subagent_type": "general-purpose",
+                "run_in_background": False,
+            },
+        )
     return "text", "done" if SUBAGENT_ASK in text else "ok", None
 
 
 def sse(kind: str, what: str, tool_input: dict[str, Any] | None) -> bytes:
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "local-model", "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 0}}
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "local-model",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 0},
+    }
     if kind == "text":
         block: dict[str, Any] = {"type": "text", "text": ""}
         delta: dict[str, Any] = {"type": "text_delta", "text": what}
     else:
         block = {"type": "tool_use", "id": "toolu_01", "name": what, "input": {}}
         delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
-    events = [("message_start", {"type": "message_start", "message": message}),
-              ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
-              ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
-              ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-              ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 5},
-                                 "delta": {"stop_reason": "end_turn" if kind == "text" else "tool_use",
-                                           "stop_sequence": None}}),
-              ("message_stop", {"type": "message_stop"})]
+    events = [
+        ("message_start", {"type": "message_start", "message": message}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "usage": {"output_tokens": 5},
+                "delta": {"stop_reason": "end_turn" if kind == "text" else "tool_use", "stop_sequence": None},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
 
 
@@ -82,8 +110,9 @@ class Recorder:
                     self.end_headers()
                     return
                 body = json.loads(raw)
-                recorder.requests.append({"path": self.path, "headers": [[k, v] for k, v in self.headers.items()],
-                                          "body_json": body})
+                recorder.requests.append(
+                    {"path": self.path, "headers": [[k, v] for k, v in self.headers.items()], "body_json": body}
+                )
                 data = sse(*reply(body))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -132,23 +161,51 @@ def main() -> int:
         home.mkdir()
         a = make_project(home / "projA", {"README.md": "# A\n", "src/refund.py": "def refund(x):\n    return x\n"})
         b = make_project(home / "projB", {"README.md": "# B\n", "greet.js": "console.log('hi')\n"})
-        base = {"HOME": str(home), "PATH": os.environ["PATH"], "USER": "dev", "SHELL": "/bin/bash", "TERM": "dumb",
-                "LANG": "C.UTF-8", "TZ": "UTC"}
+        base = {
+            "HOME": str(home),
+            "PATH": os.environ["PATH"],
+            "USER": "dev",
+            "SHELL": "/bin/bash",
+            "TERM": "dumb",
+            "LANG": "C.UTF-8",
+            "TZ": "UTC",
+        }
         ocpc = {**base, "OC_PREFIX_CACHE_HOME": str(home / ".ocpc"), "OC_PREFIX_CACHE_PROXY_PORT": str(recorder.port)}
-        subprocess.run([sys.executable, "-m", "oc_prefix_cache", "install", "--harness", "claude-code"],
-                       env=ocpc, cwd=ROOT, check=True)
-        quiet = {"ANTHROPIC_MODEL": "local-model", "ANTHROPIC_SMALL_FAST_MODEL": "local-model",
-                 "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+        subprocess.run(
+            [sys.executable, "-m", "oc_prefix_cache", "install", "--harness", "claude-code"],
+            env=ocpc,
+            cwd=ROOT,
+            check=True,
+        )
+        quiet = {
+            "ANTHROPIC_MODEL": "local-model",
+            "ANTHROPIC_SMALL_FAST_MODEL": "local-model",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
         cases: list[tuple[str, Path, list[str]]] = [
-            ("A1", a, ["-p", "say ok"]), ("A2", a, ["-p", "say ok"]), ("A2-continue", a, ["-c", "-p", "say ok again"]),
-            ("B1", b, ["-p", "say ok"]), ("A3-commit", a, ["-p", "say ok"]), ("A4-subagent", a, ["-p", SUBAGENT_ASK])]
+            ("A1", a, ["-p", "say ok"]),
+            ("A2", a, ["-p", "say ok"]),
+            ("A2-continue", a, ["-c", "-p", "say ok again"]),
+            ("B1", b, ["-p", "say ok"]),
+            ("A3-commit", a, ["-p", "say ok"]),
+            ("A4-subagent", a, ["-p", SUBAGENT_ASK]),
+        ]
         for name, project, args in cases:
             if name == "A3-commit":  # the git status changes; the environment does not
                 (project / "NOTES.md").write_text("notes\n")
                 git(project, "add", ".", date="2026-11-29T13:00:00Z")
                 git(project, "commit", "-q", "-m", "add notes", date="2026-11-29T13:00:00Z")
-            done = subprocess.run([str(binary), *args], cwd=project, env={**base, **quiet, "PWD": str(project)},
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                [str(binary), *args],
+                cwd=project,
+                env={**base, **quiet, "PWD": str(project)},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             if done.returncode != 0:
                 print(done.stdout, done.stderr, file=sys.stderr)
                 return 1

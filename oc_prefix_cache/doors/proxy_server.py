@@ -1,0 +1,138 @@
+"""Running the proxy: uvicorn on a loopback socket bound here, and a Preparer for a proxy
+that runs on its own (``ocpc launch`` shares the daemon's)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from oc_prefix_cache import __version__
+from oc_prefix_cache.doors.proxy import Proxy
+from oc_prefix_cache.doors.router import RouterProxy, is_router
+from oc_prefix_cache.engine.prepare import Preparer
+from oc_prefix_cache.engine.tracker import SlotTracker
+from oc_prefix_cache.errors import ConfigError
+from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.settings import LOOPBACK_HOSTS, Settings
+
+log = logging.getLogger("ocpc.proxy")
+
+
+def build_preparer(
+    settings: Settings, *, server_url: str, tracker: SlotTracker | None = None, model: str | None = None
+) -> Preparer:
+    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead); ``model``:
+    one model of a llama-server router (doors/router.py)."""
+    from oc_prefix_cache.disk.index import Store
+    from oc_prefix_cache.doors.daemon import Background
+    from oc_prefix_cache.llama.server_info import port_of, read_runtime
+
+    port = port_of(server_url)
+    background = Background()
+    return Preparer(
+        settings=settings,
+        client=SlotClient(server_url, model=model),
+        store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
+        tracker=tracker or SlotTracker(lock_dir=settings.home),
+        schedule=background.submit,
+        runtime=read_runtime(settings, port) if port else None,
+    )
+
+
+def build_proxy(settings: Settings, *, server_url: str) -> Proxy | RouterProxy:
+    """The proxy for ``server_url``: a ``Proxy``, or in front of a llama-server router, a
+    ``RouterProxy`` with one Proxy and Preparer per model (doors/router.py)."""
+    if is_router(server_url):
+        log.info("%s is a llama-server router: one Preparer per model", server_url)
+        return RouterProxy(
+            settings=settings,
+            server_url=server_url,
+            make=lambda model: Proxy(
+                settings=settings, preparer=build_preparer(settings, server_url=server_url, model=model)
+            ),
+        )
+    return Proxy(settings=settings, preparer=build_preparer(settings, server_url=server_url))
+
+
+class ProxyServer:
+    """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
+
+    def __init__(
+        self, proxy: Proxy | RouterProxy, *, host: str = "127.0.0.1", port: int | None = None, watch: bool = False
+    ) -> None:
+        """``watch``: run the preparer's between-requests watch (restarts, usage written to the index)
+        every second, as the daemon does; for a proxy that runs without the daemon's."""
+        import uvicorn
+
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(f"--host {host!r}: the proxy listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
+        port = proxy.settings.proxy_port if port is None else port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP named: asyncio then sets TCP_NODELAY on each connection (else Nagle holds back
+        # the last small write of an answer for a delayed ACK, ~40 ms)
+        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as exc:
+            self.socket.close()
+            raise ConfigError(
+                f"the proxy cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                "stop what uses it or pick another --port (OC_PREFIX_CACHE_PROXY_PORT)"
+            ) from exc
+        self.socket.listen(512)
+        bound = self.socket.getsockname()[1]
+        self.url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+        proxy.own_origins = proxy.own_origins | {self.url, f"http://localhost:{bound}"}
+        self.proxy = proxy
+        config = uvicorn.Config(
+            proxy,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=3,
+            server_header=False,
+            date_header=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="ocpc-proxy-watch", daemon=True) if watch else None
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(1.0):
+            try:
+                self.proxy.preparer.watch()
+            except Exception:  # the watcher must outlive any surprise
+                log.exception("the preparer's watch failed; trying again")
+
+    def serve_forever(self) -> None:
+        log.info("ocpc proxy %s on %s for llama-server %s", __version__, self.url, self.proxy.server)
+        if self._watcher is not None and not self._watcher.is_alive():
+            self._watcher.start()
+        try:
+            self._server.run(sockets=[self.socket])
+        finally:
+            self._stopping.set()
+            self.proxy.close()
+            if self._watcher is not None:
+                self.proxy.preparer.flush_usage()
+
+    def start(self) -> None:
+        """Serve in a background thread (``ocpc launch``, tests); returns once it accepts."""
+        self._thread = threading.Thread(target=self.serve_forever, name="ocpc-proxy", daemon=True)
+        self._thread.start()
+        for _ in range(200):
+            if self._server.started or not self._thread.is_alive():
+                break
+            time.sleep(0.01)
+        if not self._server.started:
+            raise ConfigError(f"the proxy on {self.url} did not start; see the log")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.socket.close()
