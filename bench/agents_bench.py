@@ -16,7 +16,7 @@ fraction of that (``--warmup`` keeps the first requests out of the window).
 Arms, each on its own fresh llama-server per point, alternated point by point:
 - ``plain``: llama-server at its defaults (`-np N --metrics --no-repack`);
 - ``ocpc``: the server `ocpc launch` starts (`--swa-full`, checkpoints, `-ub 512`) with both
-  of its front doors in-process on one Preparer, as `ocpc launch` runs them: the daemon, which
+  of its front doors in-process on one Engine, as `ocpc launch` runs them: the daemon, which
   OpenCode's agents use as the plugin does (prepare, the request straight to the server, pinned
   to the slot prepared, then the report), and the proxy, which the other agents go through.
   ``--doors proxy`` sends OpenCode through the proxy too. Its ocpc home is kept across the points
@@ -50,7 +50,8 @@ window per arm would book to whichever came later.
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2,4,8,16 --window 240
     .venv/bin/python bench/agents_bench.py --slots 2 --agents 1,2 --window 90 --rounds 4 --warmup
     .venv/bin/python bench/agents_bench.py --smoke          # CI: K=4 on N=2, 30 s per arm, short heads
-    .venv/bin/python bench/agents_bench.py --json out.json --png out.png
+    .venv/bin/python bench/agents_bench.py --slots 2 --window 180 --warmup \
+        --json bench/results/ramp-np2-NAME.json --png bench/results/ramp-np2-NAME.png   # a kept run
 """
 
 from __future__ import annotations
@@ -573,7 +574,7 @@ class Fault:
             if self.launched is not None:
                 from oc_prefix_cache.deadline import Deadline
 
-                self.launched.preparer.park_live(deadline=Deadline.after(10))
+                self.launched.engine.park_live(deadline=Deadline.after(10))
             self.server.stop()
         else:
             proc = self.server._proc
@@ -586,7 +587,7 @@ class Fault:
 
 
 class Launched:
-    """Both front doors of `ocpc launch` in-process on one Preparer: the daemon (OpenCode's
+    """Both front doors of `ocpc launch` in-process on one Engine: the daemon (OpenCode's
     plugin path, with the between-requests watch) and the proxy beside it. ``restart``: both
     stop and come back on the same ports with nothing in memory, as after `kill -9` of the ocpc
     process while llama-server runs on."""
@@ -604,7 +605,7 @@ class Launched:
     def __enter__(self) -> Launched:
         self.daemon = Daemon(settings=self.settings, server_url=self.upstream, port=self.daemon_port)
         self.daemon.start()
-        self.proxy = ProxyServer(Proxy(settings=self.settings, preparer=self.daemon.preparer), port=self.proxy_port)
+        self.proxy = ProxyServer(Proxy(settings=self.settings, engine=self.daemon.engine), port=self.proxy_port)
         self.proxy.start()
         return self
 
@@ -620,9 +621,9 @@ class Launched:
         self.__enter__()
 
     @property
-    def preparer(self) -> Any:
+    def engine(self) -> Any:
         assert self.daemon is not None
-        return self.daemon.preparer
+        return self.daemon.engine
 
     @property
     def doors(self) -> Doors:
@@ -635,7 +636,7 @@ class Launched:
     def snapshot(self) -> Counter[str]:
         if self.daemon is None or self.proxy is None:
             return Counter()
-        out = Counter({key: int(v) for key, v in self.preparer.status()["counters"].items()})
+        out = Counter({key: int(v) for key, v in self.engine.status()["counters"].items()})
         proxy = self.proxy.proxy
         assert isinstance(proxy, Proxy)  # not a router's
         out.update({f"proxy:{key}": v for key, v in proxy.counters.snapshot().items()})

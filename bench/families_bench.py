@@ -20,8 +20,9 @@ where ocpc must stand down and cost nothing.
 
     .venv/bin/python bench/families_bench.py                 # all five (fat-kv takes ~15 min)
     .venv/bin/python bench/families_bench.py --smoke         # CI: qwen3, and gemma3 on its own server
-    .venv/bin/python bench/families_bench.py --families gemma3,gemma3-own --json out.json
-    .venv/bin/python bench/families_bench.py --families gemma3 --build 10502 --aa   # an older build, A/A noise
+    .venv/bin/python bench/families_bench.py --families gemma3,gemma3-own --json bench/results/families-NAME.json
+    .venv/bin/python bench/families_bench.py --families gemma3 --build 10502 --aa \
+        --json bench/results/families-gemma3-b10502.json   # an older build, A/A noise
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ bytes per token, and the default disk caps counted in parks and heads at 27B siz
 
     .venv/bin/python bench/fatkv_bench.py               # 3 parent turns (~10.6k tokens, ~1.1 GB park)
     .venv/bin/python bench/fatkv_bench.py --smoke       # CI: 1 turn, on the tiny qwen3 (the mechanics only)
-    .venv/bin/python bench/fatkv_bench.py --json out.json
+    .venv/bin/python bench/fatkv_bench.py --json bench/results/fatkv-NAME.json
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from oc_prefix_cache.rig.build import ensure_rig
 from oc_prefix_cache.rig.tiny_models import FAT, ensure_model
 from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
-from tests.test_parking import Turns  # noqa: E402
+from tests.rig.engine.test_parking import Turns  # noqa: E402
 
 FLAGS = ("-ub", "512", "--cache-ram", "0", "--metrics")
 HEAD_TOKENS_27B = 8_600  # the issue's 27B head
@@ -81,7 +81,7 @@ class Arm:
     def gap(self) -> None:
         time.sleep(ahead.IDLE_S)
         started = time.perf_counter()
-        self.turns.preparer.watch()
+        self.turns.engine.watch()
         self.rows.setdefault("watch_ms", {"ms": 0.0})["ms"] += (time.perf_counter() - started) * 1000
 
     def evict_parent_park(self) -> None:
@@ -94,7 +94,7 @@ class Arm:
                 os.close(fd)
 
     def park_bytes(self) -> tuple[int, int]:
-        index = self.turns.preparer.store.load()
+        index = self.turns.engine.store.load()
         parks = [e for e in index.entries.values() if e.kind == "conv" and e.session == self.parent.session]
         return (parks[0].bytes, parks[0].prefix_tokens) if parks else (0, 0)
 
@@ -136,7 +136,7 @@ def run(binary: Path, model: Path, work: Path, *, turns: int) -> dict[str, Any]:
                 else:
                     arm.turn(label, arm.parent if who == "parent" else arm.sub)
         return {
-            arm.name: {"rows": arm.rows, "park": arm.park_bytes(), "counters": dict(arm.turns.preparer.stats.counters)}
+            arm.name: {"rows": arm.rows, "park": arm.park_bytes(), "counters": dict(arm.turns.engine.stats.counters)}
             for arm in arms
         }
     finally:

@@ -11,7 +11,7 @@ and on, with ``temperature 0``, ``top_k 1`` and the same seed; the answers are c
 ids (``/completion`` on the rendered prompt, so the server's own template renders both).
 
     .venv/bin/python bench/normalise_bench.py                    # environment-to-system
-    .venv/bin/python bench/normalise_bench.py --tokens 64 --json out.json
+    .venv/bin/python bench/normalise_bench.py --tokens 64 --json bench/results/normalise-NAME.json
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ checkpoints in a restored slot on this build); and it ignores the tools in its k
 
     .venv/bin/python bench/peer_bench.py                 # full run: qwen35 and qwen3, 10 turns, 3 runs
     .venv/bin/python bench/peer_bench.py --smoke         # CI: one model, 3 turns, 1 run
-    .venv/bin/python bench/peer_bench.py --json out.json --turns 10 --models qwen35
+    .venv/bin/python bench/peer_bench.py --json bench/results/peer-NAME.json --turns 10 --models qwen35
     .venv/bin/python bench/peer_bench.py --peer-dir /tmp/peer    # install hearth-llm there instead
 """
 

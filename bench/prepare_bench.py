@@ -141,7 +141,7 @@ def agent_step(k: int) -> list[dict[str, Any]]:
             "collected 42 items",
             "",
             "tests/test_parser.py ....................F.....                            [ 61%]",
-            "tests/test_cli.py ................                                         [100%]",
+            "tests/unit/test_cli.py ................                                         [100%]",
             "",
             "FAILED tests/test_parser.py::test_parse_line[21] - AssertionError: (21, 0) != (21, 21)",
             f"========================= 1 failed, 41 passed in {0.31 + k / 100:.2f}s =========================",

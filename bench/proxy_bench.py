@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache import loopback
+from oc_prefix_cache.errors import ServerUnreachable
 
 DATA = ROOT / "tests" / "data"
 
@@ -185,11 +186,12 @@ class Proxied:
 
     def __init__(self, upstream: str, home: Path, *, watch: bool = False) -> None:
         from oc_prefix_cache.doors.proxy import Proxy
-        from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+        from oc_prefix_cache.doors.proxy_server import ProxyServer
+        from oc_prefix_cache.engine.wiring import engine_for_url
         from oc_prefix_cache.settings import Settings
 
         settings = Settings.from_env({"OC_PREFIX_CACHE_HOME": str(home)})
-        self.proxy = Proxy(settings=settings, preparer=build_preparer(settings, server_url=upstream))
+        self.proxy = Proxy(settings=settings, engine=engine_for_url(settings, server_url=upstream))
         self.server = ProxyServer(self.proxy, port=0, watch=watch)  # watch: as `ocpc proxy` runs it
         self.url = self.server.url
 
@@ -214,7 +216,7 @@ def timed_stream(client: httpx.Client, url: str, raw: bytes, headers: dict[str, 
             with client.stream("POST", url, content=raw, headers=headers) as response:
                 data = b"".join(response.iter_raw())
             break
-        except httpx.RemoteProtocolError:
+        except ServerUnreachable:  # the loopback mapper's word for a dropped connection
             if attempt == 2:
                 raise
     elapsed = time.perf_counter() - started
@@ -332,7 +334,7 @@ def hit_arm(runs: int, sizes: list[int]) -> dict[str, Any]:
                 recent = proxy.proxy.status()["recent"][-runs:]
                 actions = [r["action"] for r in recent]
                 row["hits"] = f"{actions.count('hit')}/{len(actions)}"
-                events = [e for e in proxy.proxy.preparer.status()["events"] if e["action"] == "hit"][-runs:]
+                events = [e for e in proxy.proxy.engine.status()["events"] if e["action"] == "hit"][-runs:]
                 row["prepare_ms"] = statistics.median(e["elapsed_ms"] for e in events) if events else -1.0
                 row["ready_ms"] = statistics.median(r["ready_ms"] for r in recent)  # arrival -> forward
                 out[f"hit, {len(raw) // 1000} KB body"] = row

@@ -17,6 +17,7 @@ Printed per arm: what the session's prepare did, its prepare (what the proxy add
 server starts on the request), the whole request, and the tokens processed and reused.
 
     .venv/bin/python bench/router_load_bench.py            # fat-kv, 3 rounds
+    .venv/bin/python bench/router_load_bench.py --json bench/results/router-load-fatkv.json   # and keep the rows
     .venv/bin/python bench/router_load_bench.py --smoke    # CI: tiny qwen35, 1 round (the mechanics)
 """
 
@@ -37,8 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.doors.proxy import Bounds, Proxy
-from oc_prefix_cache.doors.proxy_server import ProxyServer, build_preparer
+from oc_prefix_cache.doors.proxy_server import ProxyServer
 from oc_prefix_cache.doors.router import RouterProxy
+from oc_prefix_cache.engine.wiring import engine_for_url
 from oc_prefix_cache.llama.server_process import free_port
 from oc_prefix_cache.llama.supervisor import Supervised, stop_on_sigterm
 from oc_prefix_cache.rig.build import ensure_rig
@@ -97,7 +99,7 @@ class Bench:
             warm_on_load=warm,
             make=lambda model: Proxy(
                 settings=self.settings,
-                preparer=build_preparer(self.settings, server_url=self.url, model=model),
+                engine=engine_for_url(self.settings, server_url=self.url, model=model),
                 bounds=BOUNDS,
             ),
         )
@@ -168,7 +170,7 @@ class Bench:
 
     def warm_starts(self) -> int:
         assert self.front is not None
-        return int(self.front.proxy_for(self.big).preparer.stats.counters.get("warm_start", 0))
+        return int(self.front.proxy_for(self.big).engine.stats.counters.get("warm_start", 0))
 
     def pause(self, *, warm: bool, before: int, slots: int) -> None:
         """``PAUSE_S`` in both arms; the warm arm also waits (up to 120 s more) for its warm start."""

@@ -24,7 +24,7 @@ what follows its longest common token prefix with any earlier request to that se
 
     .venv/bin/python bench/sessions_bench.py               # both tiny models, full workload
     .venv/bin/python bench/sessions_bench.py --smoke       # CI: qwen35, the issue's scenario only
-    .venv/bin/python bench/sessions_bench.py --json out.json
+    .venv/bin/python bench/sessions_bench.py --json bench/results/sessions-NAME.json
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from oc_prefix_cache import loopback
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.disk.index import Store
-from oc_prefix_cache.engine.prepare import Preparer
+from oc_prefix_cache.engine.wiring import Engine, build_engine
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.llama.supervisor import stop_on_sigterm
@@ -74,7 +74,7 @@ def steps(*, smoke: bool) -> list[tuple[str, workload.Conversation | None]]:
 class Arm:
     name: str
     server: LlamaServer
-    preparer: Preparer | None = None
+    engine: Engine | None = None
     counted: float = 0.0  # prompt_tokens_total of server processes already stopped
     rows: list[dict[str, Any]] = field(default_factory=list)
 
@@ -85,8 +85,8 @@ class Arm:
         )
 
     def restart(self) -> None:
-        if self.preparer is not None:  # `ocpc launch` on SIGTERM: park, then stop
-            self.preparer.park_live(deadline=Deadline.after(10))
+        if self.engine is not None:  # `ocpc launch` on SIGTERM: park, then stop
+            self.engine.park_live(deadline=Deadline.after(10))
         self.counted += self.metric()
         self.server.restart()
 
@@ -99,15 +99,15 @@ def send(arm: Arm, conv: workload.Conversation, body: dict[str, Any], http: http
     started = time.perf_counter()
     action, prepare_ms = "-", 0.0
     result = None
-    if arm.preparer is not None:
-        result = arm.preparer.prepare(raw, conv.headers())
+    if arm.engine is not None:
+        result = arm.engine.prepare(raw, conv.headers())
         action, prepare_ms = f"{result.action}/{result.source or '-'}", result.elapsed_ms
     sent = {**body, "max_tokens": 8, "stream": False}
     sent.pop("stream_options", None)
     timings = http.post(f"{arm.server.url}/v1/chat/completions", json=sent, timeout=1800).json()["timings"]
     wall_ms = (time.perf_counter() - started) * 1000
-    if arm.preparer is not None and result is not None and result.fingerprint:
-        arm.preparer.report(
+    if arm.engine is not None and result is not None and result.fingerprint:
+        arm.engine.report(
             fingerprint=result.fingerprint,
             cache_n=timings["cache_n"],
             prompt_n=timings["prompt_n"],
@@ -169,7 +169,7 @@ def bench_model(
         server.start()
         arm = Arm(name, server)
         if name == "ocpc":
-            arm.preparer = Preparer(
+            arm.engine = build_engine(
                 settings=settings,
                 client=SlotClient(server.url),
                 store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
@@ -202,8 +202,8 @@ def bench_model(
         http.close()
         for arm in arms:
             arm.server.stop()
-            if arm.preparer is not None:
-                arm.preparer.client.close()
+            if arm.engine is not None:
+                arm.engine.client.close()
     oracle = sum(oracle_rows)
     return {
         "steps": [
@@ -214,7 +214,7 @@ def bench_model(
         "oracle": oracle,
         "totals": totals,
         "wall_ms": {arm.name: sum(r.get("wall_ms", 0.0) for r in arm.rows) for arm in arms},
-        "counters": dict(arms[1].preparer.stats.counters) if arms[1].preparer else {},
+        "counters": dict(arms[1].engine.stats.counters) if arms[1].engine else {},
     }
 
 

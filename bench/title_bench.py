@@ -3,7 +3,7 @@
 At a session's first message OpenCode's TUI asks the same model for a title (no tools, its own
 ~500-token system prompt, up to the model's output limit), about when it sends the first main
 request. `opencode run` sends none: only the TUI does, so the TUI is what this drives (tmux on
-a socket of its own, the way tests/test_top.py drives `ocpc top`).
+a socket of its own, the way tests/rig/commands/test_top.py drives `ocpc top`).
 
 Set-up, as `ocpc install` wires it: one real llama-server (`-np 1` or `-np 2`, the flags
 `ocpc launch` gives it), `ocpc daemon`, OpenCode 1.18.33 with the plugin, one project with an
@@ -30,8 +30,9 @@ output limit (`--output-limit`, 16 here: a title's length) like every reply of t
 (`-np 1` only).
 
     .venv/bin/python bench/title_bench.py                       # gemma3, -np 1 and 2, 3 rounds
-    .venv/bin/python bench/title_bench.py --model qwen3 --slots 1
+    .venv/bin/python bench/title_bench.py --model qwen3 --slots 1 --json bench/results/title-qwen3-np1.json
     .venv/bin/python bench/title_bench.py --smoke               # the mechanics: qwen3, -np 1, 1 round
+    .venv/bin/python bench/title_bench.py --render bench/results/title-gemma3-np1.json   # a kept run's tables
 """
 
 from __future__ import annotations
@@ -51,13 +52,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.commands.launch import family_flags
+from oc_prefix_cache.errors import ServerError
 from oc_prefix_cache.llama.server_info import model_family
 from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.llama.supervisor import stop_group, stop_on_sigterm
@@ -65,7 +65,7 @@ from oc_prefix_cache.rig.build import ensure_rig
 from oc_prefix_cache.rig.real_models import REAL_MODELS, ensure_real_model
 from oc_prefix_cache.rig.tiny_models import ensure_model
 from oc_prefix_cache.settings import Settings
-from tests.test_e2e_opencode import BIN, OPENCODE_VERSION  # noqa: E402
+from tests.e2e.test_e2e_opencode import BIN, OPENCODE_VERSION  # noqa: E402
 
 ARMS = ("title", "no-title")
 LAUNCH = ("--ctx-checkpoints", "32", "--checkpoint-min-step", "1024", "-ub", "512", "--metrics")
@@ -457,7 +457,7 @@ class Bench:
     def idle(self) -> bool:
         try:
             return not any(s.get("is_processing") for s in loopback.get(f"{self.server.url}/slots", timeout=5).json())
-        except (httpx.HTTPError, ValueError):
+        except (ServerError, ValueError):
             return False
 
     def settled(self, tui: Tui, since: int) -> bool:
@@ -509,7 +509,7 @@ class Bench:
 def _up(url: str) -> bool:
     try:
         return loopback.get(url, timeout=0.5).status_code == 200
-    except httpx.HTTPError:
+    except ServerError:
         return False
 
 

@@ -1,10 +1,10 @@
 """Warm before the first request: the first request of a new session after a server restart,
-with and without the warm start (``Preparer.warm_start``, what ``ocpc launch`` runs when it
+with and without the warm start (``Engine.warm_start``, what ``ocpc launch`` runs when it
 starts a server), arms alternated on one server.
 
 The model is the rig's ``fat-kv`` (102,400 KV bytes per token, a 27B's): there a restore takes
 long enough to matter. One conversation (OpenCode's head and project) warms the head and the
-project head once; then, per round and arm, the server restarts and a fresh Preparer (a new
+project head once; then, per round and arm, the server restarts and a fresh Engine (a new
 ``ocpc launch``) meets a new session of that project:
 
 - ``cold``: the first request restores the project head itself (its prepare waits for it);
@@ -16,6 +16,7 @@ request), the whole request (prepare + the server's answer), the tokens the serv
 and the warm start's own time (spent before the request came).
 
     .venv/bin/python bench/warmstart_bench.py            # fat-kv, 3 rounds
+    .venv/bin/python bench/warmstart_bench.py --json bench/results/warmstart-fatkv.json   # and keep the rows
     .venv/bin/python bench/warmstart_bench.py --smoke    # CI: tiny qwen3, 1 round (the mechanics only)
 """
 
@@ -41,7 +42,7 @@ from oc_prefix_cache.rig.build import ensure_rig
 from oc_prefix_cache.rig.tiny_models import FAT, ensure_model
 from oc_prefix_cache.settings import Settings
 from tests import workload  # noqa: E402
-from tests.test_parking import Turns  # noqa: E402
+from tests.rig.engine.test_parking import Turns  # noqa: E402
 
 FLAGS = ("-ub", "512", "--cache-ram", "0", "--metrics")
 
@@ -68,7 +69,7 @@ def run(binary: Path, model: Path, work: Path, *, rounds: int) -> list[dict[str,
                     warm_ms, said = None, []
                     if arm == "warm":
                         started = time.perf_counter()
-                        said = turns.preparer.warm_start(deadline=Deadline.after(300))
+                        said = turns.engine.warm_start(deadline=Deadline.after(300))
                         warm_ms = (time.perf_counter() - started) * 1000
                     started = time.perf_counter()
                     result, timings = turns.turn(workload.parent(f"ses_{arm}_{i}"))

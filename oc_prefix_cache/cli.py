@@ -25,7 +25,16 @@ if TYPE_CHECKING:
     from oc_prefix_cache.llama.server_info import ResolvedServer
 
 app = typer.Typer(
-    help="oc-prefix-cache: keep OpenCode's stable prompt head warm in llama-server.",
+    help=(
+        "oc-prefix-cache (ocpc): keeps llama-server's prompt cache warm for coding agents. "
+        "OpenCode through its plugin; Claude Code, Codex, pi, Qwen Code, Kilo, Cline, Aider and "
+        "OpenHands through `ocpc proxy`. Each configuration's head and each project's system "
+        "prompt are restored in milliseconds; a conversation another one displaces is parked to "
+        "the server's RAM or to disk and comes back processing only its new tokens; on every "
+        "cache family (transformer, hybrid, sliding-window), behind a router (`--models-dir`) "
+        "too, and warm again after a restart. `ocpc launch` runs it all; `ocpc top` shows it "
+        "live, `ocpc stats` what it saved."
+    ),
     no_args_is_help=True,
     add_completion=False,
 )
@@ -838,10 +847,11 @@ def park(
                 f"{settings.daemon_url}/v1/park",
                 json={"timeout_s": timeout},
                 timeout=httpx.Timeout(timeout + 5.0, connect=1.0),
+                what="the ocpc daemon",
             )
-            response.raise_for_status()
+            loopback.raise_for_status(response)
             data = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (OcpcError, ValueError) as exc:  # a ServerError (the mapper's, or an error status)
             raise OcpcError(
                 f"no answer from the ocpc daemon at {settings.daemon_url} ({exc}); "
                 "nothing was parked, the server's parks on disk are untouched"

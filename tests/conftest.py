@@ -70,7 +70,7 @@ def _set_env(values: dict[str, str | None]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """A run stopped by SIGTERM (CI's or `timeout`'s) still runs every fixture's teardown, so
-    the servers its tests started are stopped by PID (tests/test_signals.py)."""
+    the servers its tests started are stopped by PID (tests/rig/llama/test_signals.py)."""
     stop_on_sigterm()
 
 

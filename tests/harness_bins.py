@@ -1,7 +1,7 @@
 """The agents' binaries the end-to-end tests run: each one's package, and where it is installed
 (under the rig cache, one folder per version), once.
 
-Each ``tests/test_e2e_*.py`` names its binary as ``BIN``. ``python -m tests.harness_bins``
+Each ``tests/e2e/test_e2e_*.py`` names its binary as ``BIN``. ``python -m tests.harness_bins``
 installs every one of them at once, in parallel: ``tests/run.sh`` runs it beside the
 llama-server build, so a cold run downloads while it compiles (about 8 minutes of npm and
 pip installs otherwise come after the build). A failure there fails nothing: the test's own
@@ -106,10 +106,10 @@ def npm_install(package: str, folder: Path, binary: Path) -> Path:
 
 def every_bin() -> list[Bin]:
     """The ``BIN`` of every end-to-end test module."""
-    here = Path(__file__).parent
+    here = Path(__file__).parent / "e2e"
     found = []
     for path in sorted(here.glob("test_e2e_*.py")):
-        module = importlib.import_module(f"tests.{path.stem}")
+        module = importlib.import_module(f"tests.e2e.{path.stem}")
         if isinstance(getattr(module, "BIN", None), Bin):
             found.append(module.BIN)
     return found

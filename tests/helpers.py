@@ -18,7 +18,12 @@ from oc_prefix_cache.llama.client import SlotClient, Timings
 
 T = TypeVar("T")
 
-CAPTURES = Path(__file__).parent / "data" / "opencode-1.18.33"
+#: The tests' folder, its captures (tests/data), and the repository's root: for a test at any depth.
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+ROOT = TESTS.parent
+
+CAPTURES = DATA / "opencode-1.18.33"
 TITLE = "01_projA_turn1_title_request.json"
 PROJ_A = "02_projA_turn1_main_request.json"
 PROJ_B = "03_projB_turn1_main_request.json"
@@ -93,7 +98,7 @@ def capture(name: str) -> dict[str, Any]:
 
 def capture_of(relative: str) -> dict[str, Any]:
     """The body of a harness capture under tests/data (``pi-0.73.1/A1.json``)."""
-    data: dict[str, Any] = json.loads((Path(__file__).parent / "data" / relative).read_text())["body_json"]
+    data: dict[str, Any] = json.loads((DATA / relative).read_text())["body_json"]
     return data
 
 

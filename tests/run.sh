@@ -3,7 +3,7 @@
 # Needs only the README's prerequisites (Python >= 3.11 with venv, make, git, a C++
 # compiler, CMake, Node.js 20 with npm); every other tool comes from a registry package
 # through the test extra (ripgrep from its PyPI wheel, into .venv/bin).
-# tests/test_packaging.py builds the sdist and wheel and runs install/uninstall from the
+# tests/unit/test_packaging.py builds the sdist and wheel and runs install/uninstall from the
 # wheel in a fresh virtualenv (no editable install, temporary HOME and OpenCode config).
 # Idempotent: the venv is reused, the llama-server build and tiny models are cached
 # under ~/.cache/oc-prefix-cache/rig, keyed by the pinned sdist version, the arch, a digest of
@@ -40,12 +40,18 @@ bins_pid=$!
 # The real llama-server and tiny models: built once, cached (a cold build is 10-20 minutes on
 # two cores), so the tests that need no server run while it compiles.
 # --matrix: also llama-server alone for the older builds of the compatibility matrix (b11393, b10502:
-# tests/test_matrix.py, marker `matrix`), each cached per version and machine like the pinned one.
+# tests/rig/test_matrix.py, marker `matrix`), each cached per version and machine like the pinned one.
 .venv/bin/ocpc rig build --matrix >"$rig_log" 2>&1 &
 rig_pid=$!
 
 step "mypy"
 .venv/bin/mypy
+# The house (docs/design.md): the layers as import-linter contracts (a wrong import fails here,
+# named), and one style over the package, the tests and the benches.
+step "lint-imports, ruff"
+.venv/bin/lint-imports --no-cache
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 
 # pytest's exit 5 (no test collected) is a failure here: a filter or a collection error ate them.
 # run_pytest LOG ARGS...: pytest's output goes to the terminal and to LOG; a failure ends the run.
@@ -73,12 +79,17 @@ judge_pytest() {
 # queue), each test's servers on one thread: much of a test is waiting (a server's start, a deadline,
 # a poll), and on two cores two 1-thread servers prefill more than one 2-thread server (an 8k-token
 # prompt: 5.2 s on one thread, 3.3 s on two). Measured 2026-12-05 on this 2-core machine:
-# tests/test_prepare.py 317 -> 219 s, tests/test_parking.py 254 -> 149 s, the tests that need no
-# server 155 -> 88 s, the rig tests but the end-to-end ones 989 s against 2,116 s the day before.
+# tests/rig/engine/test_prepare.py 317 -> 219 s, tests/rig/engine/test_parking.py 254 -> 149 s, the
+# tests that need no server 155 -> 88 s, the rig tests but the end-to-end ones 989 s against 2,116 s
+# the day before.
 # Three workers were slower than two (test_parking.py 167 s).
 parallel=(-n 2 --dist worksteal)
 
 if [ $# -eq 0 ]; then
+  # The tests by marker, not by folder: tests/unit/ holds the tests that need no server and tests/rig/
+  # the rig's, but a file of both kinds stays whole where most of its tests are (test_daemon.py's
+  # own unit tests live under tests/rig/, a few rig tests under tests/unit/). tests/e2e/: the agents'
+  # end-to-end tests (all marked `rig`), run on their own below.
   step "pytest: the tests that need no server (while it compiles)"
   run_pytest "$log" -m "not rig" --durations=10 "${parallel[@]}"
 fi
@@ -100,9 +111,9 @@ smoke_beside() { step "bench (niced): ${*:2}"; nice -n 10 "$@"; }
 if [ $# -eq 0 ]; then
   step "pytest: the tests on the real server but the agents' end-to-end ones (two workers)"
   OCPC_TEST_SERVER_THREADS=1 run_pytest "$log" -m "rig and not alone" --durations=40 \
-    --ignore-glob='tests/test_e2e_*.py' "${parallel[@]}"
+    --ignore=tests/e2e "${parallel[@]}"
   step "pytest: the tests that read every llama-server on this machine (alone)"
-  run_pytest "$log" -m "rig and alone" --durations=5 --ignore-glob='tests/test_e2e_*.py'
+  run_pytest "$log" -m "rig and alone" --durations=5 --ignore=tests/e2e
 
   # The agents' end-to-end tests run beside the plugin's tests and the benches on the tiny models:
   # an agent's binary spends most of its session starting up on one core (Kilo ~25 s a run,
@@ -114,7 +125,7 @@ if [ $# -eq 0 ]; then
   # 483 s; one run each, hours apart).
   step "pytest: the agents' end-to-end tests (in the background, beside the next steps)"
   e2e_log=$(mktemp)
-  OCPC_TEST_SERVER_THREADS=1 .venv/bin/python -m pytest -m rig --durations=20 tests/test_e2e_*.py >"$e2e_log" 2>&1 &
+  OCPC_TEST_SERVER_THREADS=1 .venv/bin/python -m pytest -m rig --durations=20 tests/e2e >"$e2e_log" 2>&1 &
   e2e_pid=$!
   step "node --test (the OpenCode plugin)"
   # A glob, not the folder: Node >= 21 takes a folder argument as a file to run.

@@ -60,14 +60,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oc_prefix_cache.errors import TranslationError
+
 BILLING_PREFIX = "x-anthropic-billing-header:"
 DEFAULT_MAX_TOKENS = 4096  # the server's own default when max_tokens is missing
 PASSED_THROUGH = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use"}  # anything else: "max_tokens"
-
-
-class TranslationError(ValueError):
-    """The body cannot be converted; the server would refuse it too (send it on unchanged)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from oc_prefix_cache.chat.anthropic import TranslationError
 from oc_prefix_cache.chat.conversation import RENDERED_FIELDS
+from oc_prefix_cache.errors import TranslationError
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def timed_chat(http: httpx.Client, url: str, raw: bytes) -> ChatTiming:
     data.pop("stream_options", None)
     started = time.perf_counter()
     response = http.post(f"{url}/v1/chat/completions", json=data, timeout=1800)
-    response.raise_for_status()
+    loopback.raise_for_status(response)
     timings = response.json()["timings"]
     return ChatTiming(
         prompt_n=int(timings["prompt_n"]),
@@ -114,7 +114,7 @@ def prepare_over_http(http: httpx.Client, daemon_url: str, raw: bytes, session: 
         timeout=1800,
         headers={"User-Agent": UA, "x-session-id": session, "Content-Type": "application/json"},
     )
-    response.raise_for_status()
+    loopback.raise_for_status(response)
     answer: dict[str, Any] = response.json()
     return answer
 
@@ -122,7 +122,7 @@ def prepare_over_http(http: httpx.Client, daemon_url: str, raw: bytes, session: 
 def report_over_http(http: httpx.Client, daemon_url: str, answer: dict[str, Any], timing: ChatTiming) -> None:
     """The plugin's report after the real request: it ties the slot to the conversation."""
     if answer.get("fingerprint"):
-        http.post(
+        response = http.post(
             f"{daemon_url}/v1/report",
             timeout=30,
             json={
@@ -132,7 +132,8 @@ def report_over_http(http: httpx.Client, daemon_url: str, answer: dict[str, Any]
                 "prepare_id": answer.get("prepare_id") or "",
                 "predicted_n": timing.predicted_n,
             },
-        ).raise_for_status()
+        )
+        loopback.raise_for_status(response)
 
 
 # -- numbers a reader can trust ---------------------------------------------------------------

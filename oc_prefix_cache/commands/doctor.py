@@ -31,7 +31,7 @@ from oc_prefix_cache.disk.privacy import describe_left, fix_command, scan
 from oc_prefix_cache.engine.capability import Capabilities, Capability
 from oc_prefix_cache.engine.gates import CHECKPOINT_FILES_BUILD, build_number
 from oc_prefix_cache.engine.head_render import render_head
-from oc_prefix_cache.errors import OcpcError, ServerError, SlotSaveDisabled, StoreError
+from oc_prefix_cache.errors import FormatError, JsoncError, OcpcError, ServerError, SlotSaveDisabled, StoreError
 from oc_prefix_cache.install import (
     HARNESSES,
     InstallError,
@@ -50,7 +50,6 @@ from oc_prefix_cache.install import (
 )
 from oc_prefix_cache.install import claude_code as claude_install
 from oc_prefix_cache.install import pi as pi_install
-from oc_prefix_cache.install.edits import FormatError
 from oc_prefix_cache.install.records import InstallRecord, format_of
 from oc_prefix_cache.llama.client import SlotClient, Timeouts
 from oc_prefix_cache.llama.families import SWA_FULL, CacheFacts, Family
@@ -142,8 +141,10 @@ def _self_test(settings: Settings, model_path: str) -> Check:
     it (and whether it stands down on the server now), else as ``capabilities.json`` keeps it for
     this model: the build, its slot-file version, whether a restore serves, what to do."""
     try:
-        status = loopback.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(3.0, connect=0.5)).json()
-    except (httpx.HTTPError, ValueError):
+        status = loopback.get(
+            f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(3.0, connect=0.5), what="ocpc's daemon"
+        ).json()
+    except (ServerError, ValueError):
         status = None
     mine = isinstance(status, dict) and same_server(
         str((status.get("server") or {}).get("url") or ""), settings.base_url
@@ -434,8 +435,10 @@ def _shortened(command: str, limit: int = 600) -> str:
 
 def _daemon(settings: Settings) -> Check:
     try:
-        loopback.get(f"{settings.daemon_url}/health", timeout=httpx.Timeout(2.0, connect=0.5)).raise_for_status()
-    except httpx.HTTPError:
+        loopback.raise_for_status(
+            loopback.get(f"{settings.daemon_url}/health", timeout=httpx.Timeout(2.0, connect=0.5), what="ocpc's daemon")
+        )
+    except ServerError:
         return Check(
             "daemon",
             "warn",
@@ -542,13 +545,13 @@ Probe = Callable[[str], ProxyProbe]
 def probe_proxy(url: str) -> ProxyProbe:
     timeout = httpx.Timeout(5.0, connect=1.0)
     try:
-        health = loopback.get(f"{url}/health", timeout=timeout)
-    except httpx.HTTPError as exc:
+        health = loopback.get(f"{url}/health", timeout=timeout, what="ocpc's proxy")
+    except ServerError as exc:
         return ProxyProbe(url, None, str(exc) or type(exc).__name__)
     try:
-        status = loopback.get(f"{url}/ocpc/status", timeout=timeout)
+        status = loopback.get(f"{url}/ocpc/status", timeout=timeout, what="ocpc's proxy")
         server = status.json().get("server") if status.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (ServerError, ValueError, AttributeError):
         server = None
     return ProxyProbe(url, health.status_code, forwards_to=server if isinstance(server, str) else None)
 
@@ -693,7 +696,7 @@ def _read_json(config: Path) -> dict[str, Any] | Check:
         return Check("", "warn", f"cannot read {config}: {exc}")
     try:
         data = jsonc.loads(text)
-    except jsonc.JsoncError as exc:
+    except JsoncError as exc:
         return Check("", "warn", f"{config} is not valid JSON: {exc}")
     return data if isinstance(data, dict) else Check("", "warn", f"{config} is not a JSON object")
 

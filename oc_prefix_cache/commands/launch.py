@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.doors.daemon import Daemon
 from oc_prefix_cache.engine.gates import CHECKPOINT_FILES_BUILD, build_number
-from oc_prefix_cache.engine.prepare import Preparer
+from oc_prefix_cache.engine.wiring import Engine
 from oc_prefix_cache.errors import ConfigError, OcpcError, ProcessError
 from oc_prefix_cache.files import private_dir, private_opener, write_private
 from oc_prefix_cache.llama.families import SWA_FULL, Family
@@ -256,7 +256,7 @@ def run(
                     "slots when the router loads it (doors/router.py)"
                 )
             else:
-                warm_in_background(daemon.preparer, say=say)
+                warm_in_background(daemon.engine, say=say)
             proxy = start_proxy(settings, daemon, say=say, routed=routed)
             said_proxy = f", ocpc proxy on {proxy.url}" if proxy else ""
             say(f"ready: llama-server pid {server.pid}, ocpc daemon on {daemon.url}{said_proxy}; Ctrl-C stops all")
@@ -266,7 +266,7 @@ def run(
                     return 1
             say("stopping")
             if server.alive():
-                park_before_stop(daemon.preparer, skip=hurry, say=say)
+                park_before_stop(daemon.engine, skip=hurry, say=say)
             return 0
     finally:
         if proxy is not None:
@@ -283,26 +283,26 @@ PARK_ON_STOP_S = 10.0  # a graceful stop waits at most this long for parks
 WARM_START_S = 300.0  # a warm start gives up after this long (a request waits on the slot meanwhile)
 
 
-def warm_in_background(preparer: Preparer, *, say: Callable[[str], None], seconds: float = WARM_START_S) -> None:
-    """Restore what each slot held last before the first request asks (Preparer.warm_start): a
+def warm_in_background(engine: Engine, *, say: Callable[[str], None], seconds: float = WARM_START_S) -> None:
+    """Restore what each slot held last before the first request asks (Engine.warm_start): a
     request that comes meanwhile waits for its slot, within its own deadline, and finds it warm."""
 
     def work() -> None:
-        for line in preparer.warm_start(deadline=Deadline.after(seconds)):
+        for line in engine.warm_start(deadline=Deadline.after(seconds)):
             say(f"warm start: {line}")
 
     threading.Thread(target=work, name="ocpc-warm-start", daemon=True).start()
 
 
 def park_before_stop(
-    preparer: Preparer, *, skip: threading.Event, say: Callable[[str], None], seconds: float = PARK_ON_STOP_S
+    engine: Engine, *, skip: threading.Event, say: Callable[[str], None], seconds: float = PARK_ON_STOP_S
 ) -> None:
     """Park the conversations the server holds before it stops, so each resumes after the
     restart with only its new tokens. Bounded; a second Ctrl-C (or signal) skips it."""
     say(f"parking live conversations (at most {seconds:g} s; Ctrl-C again to skip)")
     results: list[dict[str, object]] = []
     worker = threading.Thread(
-        target=lambda: results.extend(preparer.park_live(deadline=Deadline.after(seconds))),
+        target=lambda: results.extend(engine.park_live(deadline=Deadline.after(seconds))),
         name="ocpc-park-on-stop",
         daemon=True,
     )
@@ -325,8 +325,8 @@ def park_before_stop(
 def start_proxy(
     settings: Settings, daemon: Daemon, *, say: Callable[[str], None], routed: bool = False
 ) -> ProxyServer | None:
-    """``ocpc proxy`` beside the daemon, on the daemon's Preparer: one tracker for both front doors
-    (``routed``: in front of a router, a Preparer per model of its own, doors/router.py).
+    """``ocpc proxy`` beside the daemon, on the daemon's Engine: one tracker for both front doors
+    (``routed``: in front of a router, a Engine per model of its own, doors/router.py).
 
     A proxy that cannot start (its port taken) is reported and left out: the server and the daemon
     OpenCode uses go on without it.
@@ -336,13 +336,13 @@ def start_proxy(
     from oc_prefix_cache.doors.router import RouterProxy
 
     try:
-        front: Proxy | RouterProxy = Proxy(settings=settings, preparer=daemon.preparer)
-        if routed:  # the daemon's Preparer of each model (its watch covers them all)
+        front: Proxy | RouterProxy = Proxy(settings=settings, engine=daemon.engine)
+        if routed:  # the daemon's Engine of each model (its watch covers them all)
             front = RouterProxy(
                 settings=settings,
                 server_url=daemon.server_url,
                 make=lambda model: Proxy(
-                    settings=settings, preparer=daemon.model_preparer(model) if model else daemon.preparer
+                    settings=settings, engine=daemon.model_engine(model) if model else daemon.engine
                 ),
             )
         proxy = ProxyServer(front)

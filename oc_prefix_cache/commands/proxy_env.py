@@ -19,7 +19,7 @@ What counts as covered is what every agent's HTTP stack agrees on: the exact add
 Both spellings matter: Node's undici reads ``no_proxy`` first, reqwest ``NO_PROXY`` first, so
 when both are set each must cover 127.0.0.1.
 
-Measured with the real agents (tests/test_e2e_*.py behind tests/proxy_stub.py, 2026-12-06): pi and
+Measured with the real agents (tests/e2e/test_e2e_*.py behind tests/proxy_stub.py, 2026-12-06): pi and
 Codex CLI send their requests for 127.0.0.1 to ``HTTP_PROXY`` with ``NO_PROXY=localhost``, and go
 directly with ``NO_PROXY=127.0.0.1,localhost``; every agent's end-to-end test passes with the latter.
 """

@@ -20,7 +20,7 @@ from rich.markup import escape
 from oc_prefix_cache import loopback
 from oc_prefix_cache.disk.index import Store
 from oc_prefix_cache.disk.slotfile import fingerprint_of, kind_of
-from oc_prefix_cache.errors import OcpcError, StoreError
+from oc_prefix_cache.errors import OcpcError, ServerError, StoreError
 from oc_prefix_cache.llama.client import SlotClient, Timeouts
 from oc_prefix_cache.llama.fingerprint import kv_settings
 from oc_prefix_cache.llama.server_info import (
@@ -154,8 +154,8 @@ def _flags(argv: list[str] | None) -> dict[str, str | None] | None:
 def daemon_part(settings: Settings) -> dict[str, Any]:
     url = settings.daemon_url
     try:
-        data = loopback.get(f"{url}/v1/status", timeout=httpx.Timeout(2.0, connect=0.5)).json()
-    except (httpx.HTTPError, ValueError) as exc:
+        data = loopback.get(f"{url}/v1/status", timeout=httpx.Timeout(2.0, connect=0.5), what="ocpc's daemon").json()
+    except (ServerError, ValueError) as exc:
         return {"url": url, "up": False, "error": f"no ocpc daemon at {url} ({type(exc).__name__})"}
     daemon = data.get("daemon") or {}
     counters = daemon.get("counters") or {}
@@ -174,13 +174,13 @@ def daemon_part(settings: Settings) -> dict[str, Any]:
         "stood_down": daemon.get("stood_down"),
     }
     models = data.get("models")
-    if isinstance(models, dict):  # behind a router: each model's Preparer
+    if isinstance(models, dict):  # behind a router: each model's Engine
         part["models"] = {model: _model_part(status) for model, status in models.items() if isinstance(status, dict)}
     return part
 
 
 def _model_part(status: dict[str, Any]) -> dict[str, Any]:
-    """One router model's Preparer in the daemon: its counters, last report, what its slots hold."""
+    """One router model's Engine in the daemon: its counters, last report, what its slots hold."""
     counters = status.get("counters") or {}
     slots = (status.get("tracker") or {}).get("slots") or {}
     return {

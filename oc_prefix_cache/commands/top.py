@@ -8,7 +8,7 @@ served them), and the disk against its caps. ``render`` turns it into rich table
 redraws it every ``interval`` seconds. ``--json`` prints one snapshot for scripts.
 
 Behind a llama-server router (doors/router.py) the server part lists every model: a loaded one with
-its child's slots (and what each front door's Preparer of that model believes they hold), the
+its child's slots (and what each front door's Engine of that model believes they hold), the
 others by their status. Looking never loads a model (``autoload=false``).
 """
 
@@ -28,7 +28,7 @@ from rich.text import Text
 from oc_prefix_cache import loopback
 from oc_prefix_cache.commands.status import disk_part
 from oc_prefix_cache.disk.events import read_events
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.errors import OcpcError, ServerError
 from oc_prefix_cache.llama.client import SlotClient, Timeouts
 from oc_prefix_cache.settings import Settings
 
@@ -104,12 +104,12 @@ def _slots(slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _doors(settings: Settings) -> dict[str, Any]:
     """What the daemon (plugin) and the proxy each believe of the slots, and do now; behind a
-    router, also per model (``models``: its Preparer's view)."""
+    router, also per model (``models``: its Engine's view)."""
     doors = {}
     for name, url in (("daemon", f"{settings.daemon_url}/v1/status"), ("proxy", f"{settings.proxy_url}/ocpc/status")):
         try:
-            data = loopback.get(url, timeout=httpx.Timeout(1.0, connect=0.3)).json()
-        except (httpx.HTTPError, ValueError):
+            data = loopback.get(url, timeout=httpx.Timeout(1.0, connect=0.3), what=f"ocpc's {name}").json()
+        except (ServerError, ValueError):
             continue
         prepare = (data.get("daemon") if name == "daemon" else data.get("prepare")) or {}
         doors[name] = _door(prepare)

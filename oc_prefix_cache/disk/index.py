@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 
 from oc_prefix_cache.disk.slotfile import kind_of
-from oc_prefix_cache.errors import IndexCorrupt, LockTimeout, StoreError
+from oc_prefix_cache.errors import IndexCorrupt, LockTimeout, OcpcError, StoreError
 from oc_prefix_cache.files import file_lock, write_private
 
 log = logging.getLogger("ocpc.store")
@@ -327,6 +327,14 @@ class UsageLog:
             if self._alive is not None and now - self._last_alive >= ALIVE_EVERY_S:
                 return True
             return bool(self._used or self._current) and now - self._last_flush >= self.interval
+
+    def flush_or_keep(self) -> None:
+        """``flush``, where a failure is logged and the uses kept for the next try (nobody waits
+        on these writes: a request's answer never depends on them)."""
+        try:
+            self.flush()
+        except OcpcError as exc:
+            log.warning("could not record file uses in the index (kept for the next try): %s", exc)
 
     def flush(self, *, timeout: float | None = 10.0) -> None:
         """Write the noted uses (entries that no longer exist are skipped); StoreError on failure."""

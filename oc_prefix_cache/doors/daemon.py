@@ -1,4 +1,4 @@
-"""The daemon: a loopback-only HTTP front for the ``Preparer``.
+"""The daemon: a loopback-only HTTP front for the ``Engine``.
 
 Endpoints (JSON):
 - ``POST /v1/prepare``: body = the exact provider request body; harness metadata in
@@ -14,7 +14,7 @@ Endpoints (JSON):
 
 The standard library's threading HTTP server is enough: requests are few (one per
 OpenCode request), the hit path is CPU-light, and slow paths run in their own thread
-with per-slot serialisation inside the Preparer. It never crashes on input: bad bodies
+with per-slot serialisation inside the Engine. It never crashes on input: bad bodies
 get a 4xx with a reason, oversized ones a 413 before they are read.
 """
 
@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import selectors
 import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,8 +40,9 @@ from oc_prefix_cache.disk.slotfile import fingerprint_of
 from oc_prefix_cache.doors.guard import DAEMON_ROUTES, Guard, route_of
 from oc_prefix_cache.doors.router import LoadWatch, RouterCheck
 from oc_prefix_cache.engine.broker import Ask, Claim, head_key, returning
-from oc_prefix_cache.engine.prepare import Preparer, PrepareResult
+from oc_prefix_cache.engine.prepare import PrepareResult
 from oc_prefix_cache.engine.tracker import SlotTracker
+from oc_prefix_cache.engine.wiring import Background, Engine, build_engine
 from oc_prefix_cache.errors import BadRequestBody, ConfigError, OcpcError
 from oc_prefix_cache.harness import Incoming, OpenCodeAdapter
 from oc_prefix_cache.harness.base import head_by_markers
@@ -55,40 +54,11 @@ log = logging.getLogger("ocpc.daemon")
 MAX_REPORT_BYTES = 64 * 1024
 
 
-class Background:
-    """One worker thread for work nobody waits on (gc after a save, index writes of uses)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=64)
-        self._thread = threading.Thread(target=self._run, name="ocpc-background", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            log.warning("background queue full; dropping a job (the next save schedules gc again)")
-
-    def stop(self, *, timeout: float = 10.0) -> None:
-        try:
-            self._jobs.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        self._thread.join(timeout=timeout)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception:  # a background job must not kill the worker
-                log.exception("background job failed")
-
-
 MAX_ISSUED = 512  # prepares of a router's models whose report may still come
 
 
 class Daemon:
-    """Owns the Preparer (behind a router, one per model) and the HTTP server; ``serve_forever``
+    """Owns the Engine (behind a router, one per model) and the HTTP server; ``serve_forever``
     or ``start`` in a thread."""
 
     def __init__(
@@ -113,7 +83,7 @@ class Daemon:
         self.tracker = tracker or SlotTracker(lock_dir=settings.home)
         self.background = Background()
         self._runtime = read_runtime(settings, port_) if port_ else None  # how `ocpc launch` started it
-        self.preparer = Preparer(
+        self.engine = build_engine(
             settings=settings,
             client=self.client,
             store=self.store,
@@ -122,16 +92,16 @@ class Daemon:
             schedule=self.background.submit,
             runtime=self._runtime,
         )
-        # behind a llama-server router (doors/router.py): one Preparer per model, by the body's `model`
+        # behind a llama-server router (doors/router.py): one Engine per model, by the body's `model`
         self._guard = threading.Lock()
         self._router = RouterCheck(self.server_url)
-        self._models: dict[str, Preparer] = {}
+        self._models: dict[str, Engine] = {}
         self.loads = LoadWatch(
             self.server_url,
-            preparer_for=self.model_preparer,  # warm starts after loads
-            made=self._made_preparer,
+            engine_for=self.model_engine,  # warm starts after loads
+            made=self._made_engine,
         )
-        self._issued: OrderedDict[str, Preparer] = OrderedDict()  # prepare_id -> the Preparer that made it
+        self._issued: OrderedDict[str, Engine] = OrderedDict()  # prepare_id -> the Engine that made it
         self._server_binary = server_binary
         server_class = _Server6 if ":" in host else _Server
         try:
@@ -159,16 +129,16 @@ class Daemon:
         self.httpd.serve_forever(poll_interval=0.2)
 
     def _watch(self) -> None:
-        """Notice server restarts between requests (see ``Preparer.watch``)."""
+        """Notice server restarts between requests (see ``Engine.watch``)."""
         while not self._stopping.wait(self._watch_interval):
             try:
                 if self._router.is_router():
                     self.loads.tick()
             except Exception:  # the watcher must outlive any surprise
                 log.exception("the router's load watch failed; trying again")
-            for preparer in self.preparers():
+            for engine in self.engines():
                 try:
-                    preparer.watch()
+                    engine.watch()
                 except Exception:  # the watcher must outlive any surprise
                     log.exception("restart watch failed; trying again")
 
@@ -183,8 +153,8 @@ class Daemon:
             self.httpd.shutdown()
         self.httpd.server_close()
         self.background.stop()
-        for preparer in self.preparers():
-            preparer.flush_usage()
+        for engine in self.engines():
+            engine.flush_usage()
         self.client.close()
         if self._thread:
             self._thread.join(timeout=5)
@@ -205,20 +175,18 @@ class Daemon:
         its request without an answer). Then nothing is prepared once the slot is had, and a slot
         prepared already goes back at once: no report will come for it."""
         lower = {k.lower(): v for k, v in headers.items()}
-        preparer = self._preparer_for(raw)
-        broker = preparer.broker
+        engine = self._engine_for(raw)
+        broker = engine.broker
         if lower.get("x-ocpc-pin") != "1":
-            return self._issue(
-                preparer, preparer.prepare(raw, headers, deadline=deadline, harness="opencode")
-            ).to_json()
+            return self._issue(engine, engine.prepare(raw, headers, deadline=deadline, harness="opencode")).to_json()
         n_slots = broker.n_slots()
         claim = Claim(broker)
         lent = False
         try:  # the slot goes back in the ``finally`` unless it was lent until the plugin's report
-            ask = self._ask(preparer, raw, lower, n_slots)
+            ask = self._ask(engine, raw, lower, n_slots)
             taken = claim.take(ask, deadline=deadline, gone=gone)
             if gone is not None and gone.is_set():
-                preparer.count("client_gone_before_prepare")
+                engine.count("client_gone_before_prepare")
                 log.info(
                     "slot %d: the plugin went away while its prepare waited for the slot; nothing prepared", taken.slot
                 )
@@ -227,11 +195,11 @@ class Daemon:
                     "pin": False,
                 }
             if taken.hold is None:
-                preparer.count("failed:slot_busy")
+                engine.count("failed:slot_busy")
                 return PrepareResult("failed", reason=taken.why_not).to_json() | {"slot": taken.slot, "pin": False}
             with taken.hold.inside():
                 proven = taken.conversation if ask.key is None and taken.conversation else None  # a session id
-                result = preparer.prepare(
+                result = engine.prepare(
                     raw,
                     headers,
                     slot=taken.slot,
@@ -240,9 +208,9 @@ class Daemon:
                     conversation=taken.conversation or None,
                     session=proven if proven is not None else ("" if ask.key else None),
                 )
-            self._issue(preparer, result)
+            self._issue(engine, result)
             if gone is not None and gone.is_set():
-                preparer.count("client_gone_during_prepare")  # its request went out unpinned: no report comes
+                engine.count("client_gone_during_prepare")  # its request went out unpinned: no report comes
             elif result.prepare_id and result.fingerprint:
                 broker.lend(result.prepare_id, taken)  # until the plugin reports on this answer
                 lent = True
@@ -252,41 +220,41 @@ class Daemon:
             if not lent:
                 claim.release()
 
-    def preparers(self) -> list[Preparer]:
-        """The server's Preparer, and behind a router each model's."""
-        return [self.preparer, *self._models.values()]
+    def engines(self) -> list[Engine]:
+        """The server's Engine, and behind a router each model's."""
+        return [self.engine, *self._models.values()]
 
-    def _preparer_for(self, raw: bytes) -> Preparer:
-        """The Preparer of the request's model behind a router (made on first use), else the one."""
+    def _engine_for(self, raw: bytes) -> Engine:
+        """The Engine of the request's model behind a router (made on first use), else the one."""
         try:
-            return self._model_preparer(raw)
-        except Exception:  # noqa: BLE001 (choosing must never fail a request: the server's own Preparer)
-            log.exception("choosing the router model's Preparer failed; using the server's")
-            return self.preparer
+            return self._model_engine(raw)
+        except Exception:  # noqa: BLE001 (choosing must never fail a request: the server's own Engine)
+            log.exception("choosing the router model's Engine failed; using the server's")
+            return self.engine
 
-    def _model_preparer(self, raw: bytes) -> Preparer:
+    def _model_engine(self, raw: bytes) -> Engine:
         if not self._router.is_router():
-            return self.preparer
+            return self.engine
         try:
             name = json.loads(raw).get("model")
         except (ValueError, AttributeError, RecursionError):
-            return self.preparer
+            return self.engine
         model = self._router.models.canonical(name) if isinstance(name, str) else None
         if model is None:
-            return self.preparer  # a model the router does not know: the request fails open as it would
-        return self.model_preparer(model)
+            return self.engine  # a model the router does not know: the request fails open as it would
+        return self.model_engine(model)
 
-    def _made_preparer(self, model: str) -> Preparer | None:
+    def _made_engine(self, model: str) -> Engine | None:
         with self._guard:
             return self._models.get(model)
 
-    def model_preparer(self, model: str) -> Preparer:
-        """The Preparer of one model of the router (made on first use; ``ocpc launch``'s proxy
-        shares them, as it shares the server's Preparer otherwise)."""
+    def model_engine(self, model: str) -> Engine:
+        """The Engine of one model of the router (made on first use; ``ocpc launch``'s proxy
+        shares them, as it shares the server's Engine otherwise)."""
         with self._guard:
-            preparer = self._models.get(model)
-            if preparer is None:
-                preparer = self._models[model] = Preparer(
+            engine = self._models.get(model)
+            if engine is None:
+                engine = self._models[model] = build_engine(
                     settings=self.settings,
                     client=SlotClient(self.server_url, model=model),
                     store=self.store,
@@ -295,19 +263,19 @@ class Daemon:
                     schedule=self.background.submit,
                     runtime=self._runtime,
                 )
-                log.info("router model %s: its own Preparer (%s)", model, preparer.server)
-            return preparer
+                log.info("router model %s: its own Engine (%s)", model, engine.server)
+            return engine
 
-    def _issue(self, preparer: Preparer, result: PrepareResult) -> PrepareResult:
-        """Remember which Preparer made ``result``, for its report (the newest ``MAX_ISSUED``)."""
-        if result.prepare_id and preparer is not self.preparer:
+    def _issue(self, engine: Engine, result: PrepareResult) -> PrepareResult:
+        """Remember which Engine made ``result``, for its report (the newest ``MAX_ISSUED``)."""
+        if result.prepare_id and engine is not self.engine:
             with self._guard:
-                self._issued[result.prepare_id] = preparer
+                self._issued[result.prepare_id] = engine
                 while len(self._issued) > MAX_ISSUED:
                     self._issued.popitem(last=False)
         return result
 
-    def _ask(self, preparer: Preparer, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
+    def _ask(self, engine: Engine, raw: bytes, headers: dict[str, str], n_slots: int) -> Ask:
         """What the broker needs before the prepare: the conversation (``x-session-id``; none for
         a request with no head, such as a title) and the head's cheap key."""
         try:
@@ -338,12 +306,12 @@ class Daemon:
     def report(self, **fields: Any) -> dict[str, Any]:
         """The plugin's report: learned from, and the slot lent to its request is free again."""
         with self._guard:
-            preparer = self._issued.pop(fields.get("prepare_id") or "", self.preparer)
+            engine = self._issued.pop(fields.get("prepare_id") or "", self.engine)
         try:
-            return preparer.report(**fields)
+            return engine.report(**fields)
         finally:
             if fields.get("prepare_id"):
-                preparer.broker.returned(fields["prepare_id"])
+                engine.broker.returned(fields["prepare_id"])
 
     def status(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": __version__, "server": {"url": self.server_url}}
@@ -352,9 +320,9 @@ class Daemon:
             data["server"]["slots"] = self.client.slots()
         except OcpcError as exc:
             data["server"]["error"] = str(exc)
-        data["daemon"] = self.preparer.status()
+        data["daemon"] = self.engine.status()
         if self._models:
-            data["models"] = {model: preparer.status() for model, preparer in list(self._models.items())}
+            data["models"] = {model: engine.status() for model, engine in list(self._models.items())}
         if self._router.is_router():
             data["loaded"] = self.loads.status()
         data["disk"] = _disk_files(self.settings.slot_dir)
@@ -555,7 +523,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"bad park request: {exc}"})
             return
         deadline = Deadline.after(seconds)
-        results = [r for p in self.server.daemon.preparers() for r in p.park_live(deadline=deadline)]
+        results = [r for p in self.server.daemon.engines() for r in p.park_live(deadline=deadline)]
         self._send(HTTPStatus.OK, {"slots": results})
 
     def _read_body(self, limit: int) -> bytes | None:

@@ -20,7 +20,7 @@ for all of them by the same rules, from the two headers a browser cannot leave o
 * **everything else** (the web UI, ``/props``, ``/health``, ``/v1/models``, ``/tokenize``):
   passed through untouched, as llama-server would answer it.
 
-Pure: no I/O. The doors map a refusal to their own answer; tests/test_guard.py walks every
+Pure: no I/O. The doors map a refusal to their own answer; tests/unit/doors/test_guard.py walks every
 route each door declares (``DAEMON_ROUTES``, ``PROXY_ROUTES``) with a foreign ``Origin`` and a
 foreign ``Host``.
 """

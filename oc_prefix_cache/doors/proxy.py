@@ -2,7 +2,7 @@
 
 An agent points its base URL here; every request goes on to llama-server. Chat requests
 (``POST /v1/chat/completions``, ``POST /v1/messages``) are prepared first, exactly as the OpenCode
-plugin's are (same ``Preparer``, same tracker), on a slot chosen by ``engine/affinity.py``; all else
+plugin's are (same ``Engine``, same tracker), on a slot chosen by ``engine/affinity.py``; all else
 (``/health``, ``/v1/models``, ``/props``, ``/tokenize``, ``count_tokens``, the web UI) passes
 untouched. Policies (docs/proxy.md):
 
@@ -25,7 +25,7 @@ untouched. Policies (docs/proxy.md):
   can be pinned to a slot (b11434 drops ``id_slot`` from ``/v1/messages``), and the answer is
   translated back. The reuse numbers come from the answer itself (``timings``; for Anthropic
   clients the same numbers are the ``message_start`` usage the translator emits) and are reported
-  to the preparer in-process, which ties the slot's new contents to the conversation.
+  to the engine in-process, which ties the slot's new contents to the conversation.
 """
 
 from __future__ import annotations
@@ -44,14 +44,13 @@ from urllib.parse import urlsplit
 
 from oc_prefix_cache import __version__
 from oc_prefix_cache.chat import responses
-from oc_prefix_cache.chat.anthropic import StreamTranslator, TranslationError, to_chat, upstream_bytes
+from oc_prefix_cache.chat.anthropic import StreamTranslator, to_chat, upstream_bytes
 from oc_prefix_cache.chat.conversation import ConversationKey
 from oc_prefix_cache.chat.head import MAX_BODY_BYTES, Head, Skip, continuing
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
 from oc_prefix_cache.doors.relay import (
     HOP_BY_HOP,
-    ClientGone,
     Learned,
     Receive,
     Scope,
@@ -66,11 +65,12 @@ from oc_prefix_cache.doors.relay import (
     translated_whole,
     upstream_headers,
 )
-from oc_prefix_cache.doors.upstream import Answer, Upstream, UpstreamError, UpstreamStale
+from oc_prefix_cache.doors.upstream import Answer, Upstream
 from oc_prefix_cache.engine.broker import Ask, Claim, SlotBroker, head_key, returning
-from oc_prefix_cache.engine.prepare import Preparer, PrepareResult
+from oc_prefix_cache.engine.prepare import PrepareResult
 from oc_prefix_cache.engine.tracker import SlotTracker
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.engine.wiring import Engine
+from oc_prefix_cache.errors import ClientGone, OcpcError, TranslationError, UpstreamError, UpstreamStale
 from oc_prefix_cache.harness import (
     Adapter,
     AiderAdapter,
@@ -173,24 +173,24 @@ class _Counters:
 
 
 class Proxy:
-    """The ASGI application. One per (server, process); the ``Preparer`` may be the daemon's."""
+    """The ASGI application. One per (server, process); the ``Engine`` may be the daemon's."""
 
     def __init__(
         self,
         *,
         settings: Settings,
-        preparer: Preparer,
+        engine: Engine,
         bounds: Bounds | None = None,
         own_origins: frozenset[str] = frozenset(),
         workers: int = 32,
     ) -> None:
         self.settings = settings
-        self.preparer = preparer
-        self.server = preparer.server
-        self.tracker: SlotTracker = preparer.tracker
+        self.engine = engine
+        self.server = engine.server
+        self.tracker: SlotTracker = engine.tracker
         self.bounds = bounds or Bounds()
         self.own_origins = own_origins  # the proxy's own URL(s): the server's web UI through the proxy
-        self.broker: SlotBroker = preparer.broker  # shared with the daemon's front door
+        self.broker: SlotBroker = engine.broker  # shared with the daemon's front door
         self.counters = _Counters()
         # Two pools: prepares may wait minutes for a held slot; the reports and releases that free
         # those slots must never queue behind them (one pool, all workers waiting: a deadlock until
@@ -291,7 +291,7 @@ class Proxy:
             "counters": self.counters.snapshot(),
             "slots": self.broker.table.snapshot(),
             "recent": self._recent_list(),
-            "prepare": self.preparer.status(),
+            "prepare": self.engine.status(),
         }
 
     def _recent_list(self) -> list[dict[str, Any]]:
@@ -386,7 +386,7 @@ class Proxy:
         if taken.hold is None:
             return plan
         with taken.hold.inside():
-            plan.result = self.preparer.prepare(
+            plan.result = self.engine.prepare(
                 request.chat_raw,
                 headers,
                 slot=plan.slot,
@@ -442,7 +442,7 @@ class Proxy:
                 stream=stream,
                 why_not=f"id_slot {asked!r} is not a slot of this server: the server answers it",
             )
-        down = self.preparer.stood_down()
+        down = self.engine.stood_down()
         if down is not None:  # restores cannot serve here: the request goes as it would without ocpc
             self.counters.add("not_prepared:stood_down")
             if api == "anthropic":
@@ -572,7 +572,7 @@ class Proxy:
         result = plan.result
         try:
             if result is not None and result.prepare_id and learned is not None and learned.cache_n is not None:
-                verdict = self.preparer.report(
+                verdict = self.engine.report(
                     fingerprint=result.fingerprint or "",
                     cache_n=learned.cache_n,
                     prompt_n=learned.prompt_n or 0,

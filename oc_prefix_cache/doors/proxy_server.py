@@ -1,4 +1,4 @@
-"""Running the proxy: uvicorn on a loopback socket bound here, and a Preparer for a proxy
+"""Running the proxy: uvicorn on a loopback socket bound here, and a Engine for a proxy
 that runs on its own (``ocpc launch`` shares the daemon's)."""
 
 from __future__ import annotations
@@ -11,49 +11,26 @@ import time
 from oc_prefix_cache import __version__
 from oc_prefix_cache.doors.proxy import Proxy
 from oc_prefix_cache.doors.router import RouterProxy, is_router
-from oc_prefix_cache.engine.prepare import Preparer
-from oc_prefix_cache.engine.tracker import SlotTracker
+from oc_prefix_cache.engine.wiring import engine_for_url
 from oc_prefix_cache.errors import ConfigError
-from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import LOOPBACK_HOSTS, Settings
 
 log = logging.getLogger("ocpc.proxy")
 
 
-def build_preparer(
-    settings: Settings, *, server_url: str, tracker: SlotTracker | None = None, model: str | None = None
-) -> Preparer:
-    """A Preparer for a standalone proxy (``ocpc launch`` shares the daemon's instead); ``model``:
-    one model of a llama-server router (doors/router.py)."""
-    from oc_prefix_cache.disk.index import Store
-    from oc_prefix_cache.doors.daemon import Background
-    from oc_prefix_cache.llama.server_info import port_of, read_runtime
-
-    port = port_of(server_url)
-    background = Background()
-    return Preparer(
-        settings=settings,
-        client=SlotClient(server_url, model=model),
-        store=Store(index_path=settings.index_path, lock_path=settings.lock_path),
-        tracker=tracker or SlotTracker(lock_dir=settings.home),
-        schedule=background.submit,
-        runtime=read_runtime(settings, port) if port else None,
-    )
-
-
 def build_proxy(settings: Settings, *, server_url: str) -> Proxy | RouterProxy:
     """The proxy for ``server_url``: a ``Proxy``, or in front of a llama-server router, a
-    ``RouterProxy`` with one Proxy and Preparer per model (doors/router.py)."""
+    ``RouterProxy`` with one Proxy and Engine per model (doors/router.py)."""
     if is_router(server_url):
-        log.info("%s is a llama-server router: one Preparer per model", server_url)
+        log.info("%s is a llama-server router: one Engine per model", server_url)
         return RouterProxy(
             settings=settings,
             server_url=server_url,
             make=lambda model: Proxy(
-                settings=settings, preparer=build_preparer(settings, server_url=server_url, model=model)
+                settings=settings, engine=engine_for_url(settings, server_url=server_url, model=model)
             ),
         )
-    return Proxy(settings=settings, preparer=build_preparer(settings, server_url=server_url))
+    return Proxy(settings=settings, engine=engine_for_url(settings, server_url=server_url))
 
 
 class ProxyServer:
@@ -62,7 +39,7 @@ class ProxyServer:
     def __init__(
         self, proxy: Proxy | RouterProxy, *, host: str = "127.0.0.1", port: int | None = None, watch: bool = False
     ) -> None:
-        """``watch``: run the preparer's between-requests watch (restarts, usage written to the index)
+        """``watch``: run the engine's between-requests watch (restarts, usage written to the index)
         every second, as the daemon does; for a proxy that runs without the daemon's."""
         import uvicorn
 
@@ -104,9 +81,9 @@ class ProxyServer:
     def _watch(self) -> None:
         while not self._stopping.wait(1.0):
             try:
-                self.proxy.preparer.watch()
+                self.proxy.engine.watch()
             except Exception:  # the watcher must outlive any surprise
-                log.exception("the preparer's watch failed; trying again")
+                log.exception("the engine's watch failed; trying again")
 
     def serve_forever(self) -> None:
         log.info("ocpc proxy %s on %s for llama-server %s", __version__, self.url, self.proxy.server)
@@ -118,7 +95,7 @@ class ProxyServer:
             self._stopping.set()
             self.proxy.close()
             if self._watcher is not None:
-                self.proxy.preparer.flush_usage()
+                self.proxy.engine.flush_usage()
 
     def start(self) -> None:
         """Serve in a background thread (``ocpc launch``, tests); returns once it accepts."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oc_prefix_cache.chat.anthropic import dump_json, to_message
+from oc_prefix_cache.errors import ClientGone
 
 log = logging.getLogger("ocpc.proxy")
 
@@ -36,10 +37,6 @@ HOP_BY_HOP = frozenset(
     }
 )
 _DECODER = json.JSONDecoder()
-
-
-class ClientGone(Exception):
-    """The client went away before its request was read."""
 
 
 @dataclass

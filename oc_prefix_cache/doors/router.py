@@ -3,7 +3,7 @@
 A router serves several models behind one URL, each in a child server it starts on demand and
 stops when ``--models-max`` is reached (the least recently used one goes) or when it sleeps. Its
 API is the child's, with the model named in every call: ``"model"`` in a POST body, ``?model=``
-on a GET (b11434, ``server-models.cpp``). So ocpc keeps one Preparer per model, each on a
+on a GET (b11434, ``server-models.cpp``). So ocpc keeps one Engine per model, each on a
 ``SlotClient(model=...)`` and keyed ``<router>#model=<id>``: its own tracker state, slots, files
 (fingerprints cover the model, so one slot folder serves all) and counters.
 
@@ -17,7 +17,7 @@ calls to a model outside a request (the watch, parks ahead, warm starts) never l
 ``LoadWatch`` notices each load however it came (a request, ocpc's own ``ensure_loaded``, another
 client, ``POST /models/load``): once a second it reads the router's ``GET /models`` (the router
 answers it: nothing is loaded) and, for a model running in a child it had not seen (or that woke
-from sleep), warm-starts that model's slots (``Preparer.warm_loaded``: engine/warm_start.py's choice for
+from sleep), warm-starts that model's slots (``Engine.warm_loaded``: engine/warm_start.py's choice for
 the model's key, yielding every slot a request has), so a new session after the load finds its
 head in place.
 
@@ -43,9 +43,9 @@ from oc_prefix_cache.chat.head import MAX_BODY_BYTES
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
 from oc_prefix_cache.doors.proxy import API_PATHS, Proxy
-from oc_prefix_cache.doors.relay import ClientGone, Receive, Scope, Send, read_body
-from oc_prefix_cache.engine.prepare import Preparer
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.doors.relay import Receive, Scope, Send, read_body
+from oc_prefix_cache.engine.wiring import Engine
+from oc_prefix_cache.errors import ClientGone, OcpcError, ServerError
 from oc_prefix_cache.llama.client import SlotClient, Timeouts
 from oc_prefix_cache.llama.server_info import child_process, flag_value, process_start
 from oc_prefix_cache.settings import Settings
@@ -58,8 +58,10 @@ WARM_ON_LOAD_S = 300.0  # a warm start after a load gives up after this long
 def is_router(url: str, *, timeout: float = 2.0) -> bool:
     """Whether ``url`` is a llama-server router (its own ``/props`` says ``role: router``)."""
     try:
-        data = loopback.get(f"{url.rstrip('/')}/props", timeout=httpx.Timeout(timeout, connect=0.5)).json()
-    except (httpx.HTTPError, ValueError):
+        data = loopback.get(
+            f"{url.rstrip('/')}/props", timeout=httpx.Timeout(timeout, connect=0.5), what="llama-server"
+        ).json()
+    except (ServerError, ValueError):
         return False
     return isinstance(data, dict) and data.get("role") == "router"
 
@@ -90,8 +92,10 @@ def read_models(url: str, *, timeout: float = 2.0) -> list[dict[str, Any]] | Non
     """The router's ``GET /models`` entries (answered by the router itself: loads nothing), or
     None when it cannot be read."""
     try:
-        data = loopback.get(f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5)).json()
-    except (httpx.HTTPError, ValueError) as exc:
+        data = loopback.get(
+            f"{url.rstrip('/')}/models", timeout=httpx.Timeout(timeout, connect=0.5), what="the router"
+        ).json()
+    except (ServerError, ValueError) as exc:
         log.debug("cannot read the router's models (%s)", exc)  # the load watch asks every second
         return None
     entries = data.get("data") if isinstance(data, dict) else data
@@ -153,14 +157,14 @@ class LoadWatch:
         self,
         url: str,
         *,
-        preparer_for: Callable[[str], Preparer],
-        made: Callable[[str], Preparer | None],
+        engine_for: Callable[[str], Engine],
+        made: Callable[[str], Engine | None],
         warm_s: float = WARM_ON_LOAD_S,
         enabled: bool = True,
     ) -> None:
-        """``preparer_for``: a model's Preparer, made on first use; ``made``: only one made already."""
+        """``engine_for``: a model's Engine, made on first use; ``made``: only one made already."""
         self.url = url.rstrip("/")
-        self._preparer_for, self._made = preparer_for, made
+        self._engine_for, self._made = engine_for, made
         self._warm_s = warm_s
         self.enabled = enabled  # off: loads are only noticed (a bench's control arm)
         self._guard = threading.Lock()
@@ -190,7 +194,7 @@ class LoadWatch:
                 # model unloads it, both within a second
                 why = f"the router shows it {status}"
                 if before is not None and before.status == "loaded":
-                    self._preparer_for(model).process_ended(why)
+                    self._engine_for(model).process_ended(why)
                 elif (made := self._made(model)) is not None:
                     made.process_ended(why, if_known=True)
             if status != "loaded" or (
@@ -231,8 +235,8 @@ class LoadWatch:
 
         def work() -> None:
             try:
-                preparer = self._preparer_for(model)
-                for line in preparer.warm_loaded(woke=woke, deadline=Deadline.after(self._warm_s)):
+                engine = self._engine_for(model)
+                for line in engine.warm_loaded(woke=woke, deadline=Deadline.after(self._warm_s)):
                     log.info("warm start after the load of %s: %s", model, line)
             except Exception:  # a warm start must never take the watch down
                 log.exception("warm start after the load of %s failed", model)
@@ -279,8 +283,8 @@ class Models:
         return names
 
 
-class _Preparers:
-    """The watch and usage flush of every model's Preparer, as ``ProxyServer`` runs a Preparer's,
+class _Engines:
+    """The watch and usage flush of every model's Engine, as ``ProxyServer`` runs a Engine's,
     and the load watch's tick before them."""
 
     def __init__(self, proxies: Callable[[], list[Proxy]], loads: LoadWatch) -> None:
@@ -290,15 +294,15 @@ class _Preparers:
     def watch(self) -> None:
         self._loads.tick()
         for proxy in self._proxies():
-            proxy.preparer.watch()
+            proxy.engine.watch()
 
     def flush_usage(self) -> None:
         for proxy in self._proxies():
-            proxy.preparer.flush_usage()
+            proxy.engine.flush_usage()
 
 
 class RouterProxy:
-    """The proxy in front of a router: one ``Proxy`` (and Preparer) per model, made on first use."""
+    """The proxy in front of a router: one ``Proxy`` (and Engine) per model, made on first use."""
 
     def __init__(
         self, *, settings: Settings, server_url: str, make: Callable[[str | None], Proxy], warm_on_load: bool = True
@@ -314,11 +318,11 @@ class RouterProxy:
         self._origins: frozenset[str] = frozenset()
         self.loads = LoadWatch(
             self.server,
-            preparer_for=lambda model: self.proxy_for(model).preparer,
-            made=self._made_preparer,
+            engine_for=lambda model: self.proxy_for(model).engine,
+            made=self._made_engine,
             enabled=warm_on_load,
         )
-        self.preparer = _Preparers(self._all, self.loads)
+        self.engine = _Engines(self._all, self.loads)
 
     @property
     def own_origins(self) -> frozenset[str]:
@@ -335,10 +339,10 @@ class RouterProxy:
         with self._guard:
             return list(self._proxies.values())
 
-    def _made_preparer(self, model: str) -> Preparer | None:
+    def _made_engine(self, model: str) -> Engine | None:
         with self._guard:
             proxy = self._proxies.get(model)
-        return proxy.preparer if proxy is not None else None
+        return proxy.engine if proxy is not None else None
 
     def proxy_for(self, model: str | None) -> Proxy:
         """The Proxy of a model id (None: a request that names no known model: passed through)."""
@@ -347,7 +351,7 @@ class RouterProxy:
             if proxy is None:
                 proxy = self._proxies[model] = self._make(model)
                 proxy.own_origins = self._origins
-                log.info("router model %s: its own Preparer (%s)", model or "(none)", proxy.server)
+                log.info("router model %s: its own Engine (%s)", model or "(none)", proxy.server)
             return proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -9,9 +9,10 @@ one upstream (loopback), kept-alive connections in a small pool, a request with 
 only after a whole exchange; one abandoned mid-answer (the client went away) is closed, so
 llama-server sees the disconnect and stops the task.
 
-Errors: ``UpstreamError`` (refused, reset, malformed), with ``UpstreamStale`` for a
-kept-alive connection the server had closed (safe to send again), and ``TimeoutError`` for
-a connect that takes too long. The caller bounds waiting for headers and chunk gaps.
+Errors: ``UpstreamError`` (refused, reset, malformed, a connect past ``connect_s``), with
+``UpstreamStale`` for a kept-alive connection the server had closed (safe to send again);
+``loopback.upstream_errors`` makes them from the library's, here as for every other loopback
+call. The caller bounds waiting for headers and chunk gaps.
 """
 
 from __future__ import annotations
@@ -22,15 +23,10 @@ from dataclasses import dataclass, field
 
 import h11
 
+from oc_prefix_cache import loopback
+from oc_prefix_cache.errors import UpstreamError
+
 READ_SIZE = 65536
-
-
-class UpstreamError(Exception):
-    """The upstream server could not be reached, or broke the exchange."""
-
-
-class UpstreamStale(UpstreamError):
-    """A kept-alive connection that the server had closed: nothing was processed; send again."""
 
 
 @dataclass
@@ -59,17 +55,11 @@ class Upstream:
     ) -> Answer:
         conn = await self._connection()
         try:
-            await self._write(conn, method, target, headers, body)
-            return await self._head(conn)
-        except BaseException as exc:
+            with loopback.upstream_errors(self.host, self.port, "exchange", reused=conn.reused):
+                await self._write(conn, method, target, headers, body)
+                return await self._head(conn)
+        except BaseException:
             conn.close()
-            if isinstance(exc, (ConnectionError, asyncio.IncompleteReadError, h11.RemoteProtocolError)) or isinstance(
-                exc, UpstreamError
-            ):
-                if conn.reused and not isinstance(exc, h11.RemoteProtocolError):
-                    raise UpstreamStale(f"a kept-alive connection to {self.host}:{self.port} was closed") from exc
-                if not isinstance(exc, UpstreamError):
-                    raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
             raise
 
     async def aclose(self) -> None:
@@ -90,11 +80,9 @@ class Upstream:
             if not conn.reader.at_eof() and not conn.writer.is_closing():
                 return conn
             conn.close()
-        try:
+        with loopback.upstream_errors(self.host, self.port, "connect"):
             async with asyncio.timeout(self.connect_s):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
-        except OSError as exc:
-            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from exc
         return _Conn(reader, writer)
 
     async def _write(
@@ -148,10 +136,8 @@ class Answer:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
-            try:
+            with loopback.upstream_errors(self.upstream.host, self.upstream.port, "answer"):
                 event = await _next_event(self.conn)
-            except (ConnectionError, asyncio.IncompleteReadError, h11.RemoteProtocolError) as exc:
-                raise UpstreamError(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -173,6 +159,7 @@ async def _next_event(conn: _Conn) -> h11.Event | type[h11.PAUSED] | type[h11.NE
         if event is h11.NEED_DATA:
             data = await conn.reader.read(READ_SIZE)
             if not data and conn.h11.their_state is h11.SEND_RESPONSE and conn.h11.our_state is h11.DONE:
+                # a broken connection, as the socket would say it (loopback.upstream_errors maps it)
                 raise ConnectionResetError("the server closed the connection before answering")
             conn.h11.receive_data(data)
             continue

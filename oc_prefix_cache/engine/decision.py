@@ -3,7 +3,7 @@
 Pure: no I/O, no clock, no server. The prepare path gathers the facts (observing the
 slot, rendering the request, reading the index), calls ``decide``, and the executor
 carries the action out behind the gates. Every rule is here, in one table, tested
-exhaustively without a server (tests/test_decision.py).
+exhaustively without a server (tests/unit/engine/test_decision.py).
 
 The rules, in order:
 1. A request with no head worth caching (a title request, no tools, its own LoRA) is

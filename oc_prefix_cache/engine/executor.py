@@ -29,27 +29,21 @@ from oc_prefix_cache.disk.slotfile import KNOWN_VERSIONS, file_digest, part_name
 from oc_prefix_cache.engine.gates import header_gate, prefix_gate, probe_gate, untouched
 from oc_prefix_cache.engine.planner import PROBE_TOKENS, HeadPlan
 from oc_prefix_cache.engine.tracker import Observation, SlotTracker
-from oc_prefix_cache.errors import OcpcError, ServerError, SlotFileError, SlotRestoreFailed, StoreError
+from oc_prefix_cache.errors import (
+    Contended,
+    GateFailed,
+    OcpcError,
+    ServerError,
+    SlotFileError,
+    SlotRestoreFailed,
+    StoreError,
+)
 from oc_prefix_cache.files import chmod_private
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.fingerprint import ServerIdentity
 
 log = logging.getLogger("ocpc.executor")
 INDEX_WAIT_S = 2.0  # the longest a prepare waits for the index lock (another daemon or gc holds it)
-
-
-class GateFailed(OcpcError):
-    """Evidence against the file itself: it must be rebuilt. ``probe``: the server did not
-    reuse it on an untouched slot (the evidence that, repeated, is about the server)."""
-
-    def __init__(self, message: str, *, probe: bool = False, unknown_version: int | None = None) -> None:
-        super().__init__(message)
-        self.probe = probe
-        self.unknown_version = unknown_version  # the file's slot-file version, when this ocpc has not read it
-
-
-class Contended(OcpcError):
-    """The probe failed, but another request touched the slot meanwhile: not the file's fault."""
 
 
 @dataclass

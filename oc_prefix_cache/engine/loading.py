@@ -18,16 +18,16 @@ from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.disk.park_files import Park
 from oc_prefix_cache.disk.slotfile import slot_filename
 from oc_prefix_cache.engine.decision import Action, FileState
-from oc_prefix_cache.engine.executor import Contended, Done, Executor, GateFailed, Prefix
+from oc_prefix_cache.engine.executor import Done, Executor, Prefix
 from oc_prefix_cache.engine.gates import likely_cause
 from oc_prefix_cache.engine.observer import ServerView
 from oc_prefix_cache.engine.ondisk import OnDisk
 from oc_prefix_cache.engine.parker import Parker
 from oc_prefix_cache.engine.planner import HeadPlan
 from oc_prefix_cache.engine.ram_tier import RamTier
-from oc_prefix_cache.engine.standdown import StandDown, StoodDown
+from oc_prefix_cache.engine.standdown import StandDown
 from oc_prefix_cache.engine.tracker import Seen
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.errors import Contended, GateFailed, OcpcError, StoodDown
 from oc_prefix_cache.llama.fingerprint import ServerIdentity
 from oc_prefix_cache.llama.server_info import flag_value
 

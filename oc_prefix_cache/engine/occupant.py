@@ -19,10 +19,10 @@ from oc_prefix_cache import __version__
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.engine.decision import SlotFacts
 from oc_prefix_cache.engine.observer import ServerView
-from oc_prefix_cache.engine.parker import Parker, ParkTooBig
+from oc_prefix_cache.engine.parker import Parker
 from oc_prefix_cache.engine.ram_tier import RamTier
 from oc_prefix_cache.engine.tracker import Seen, SlotTracker
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.errors import OcpcError, ParkTooBig
 from oc_prefix_cache.llama.families import CacheFacts
 from oc_prefix_cache.llama.fingerprint import ServerIdentity, server_key
 

@@ -24,7 +24,7 @@ from oc_prefix_cache.disk.park_files import end_of_day, park_entry, park_key
 from oc_prefix_cache.engine.executor import Done, Executor, Prefix
 from oc_prefix_cache.engine.planner import HeadPlan, HeadPlanner, KnownPrefix
 from oc_prefix_cache.engine.tracker import Holding, Seen, SlotTracker
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.errors import OcpcError, ParkTooBig
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.fingerprint import ServerIdentity
 
@@ -34,10 +34,6 @@ log = logging.getLogger("ocpc.parking")
 #: what a request has beyond its messages; a park point further back than this from the end
 #: of the last request means the template re-renders the conversation itself: not parked.
 GENERATION_PROMPT_MAX = 64
-
-
-class ParkTooBig(OcpcError):
-    """The park would not fit the park cap: not written (the slot is left as it is)."""
 
 
 class Parker:

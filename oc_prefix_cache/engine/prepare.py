@@ -15,19 +15,16 @@ Answers: ``hit``, ``restored``, ``warmed``, ``skipped`` or ``failed`` (with a re
 caller always forwards the real request, whatever the answer; the plugin or proxy then
 reports what the server reused (engine/report.py), which binds the slot's new state to this
 conversation or, on a miss, makes ocpc prove the file again (never rebuild it). Which slot a
-request takes on ``-np N`` is engine/broker.py's; a server's start and stop, engine/lifecycle.py's.
+request takes on ``-np N`` is engine/broker.py's; a server's start and stop, engine/lifecycle.py's;
+who builds all of these, engine/wiring.py.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from oc_prefix_cache import __version__
@@ -43,31 +40,27 @@ from oc_prefix_cache.chat.head import (
     message_text,
 )
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.disk.events import Event, EventLog
-from oc_prefix_cache.disk.gc import AfterSaves
-from oc_prefix_cache.disk.index import Store, UsageLog, slot_key
+from oc_prefix_cache.disk.index import UsageLog, slot_key
 from oc_prefix_cache.disk.park_files import Park, find_park, project_key
-from oc_prefix_cache.engine.broker import SlotBroker
 from oc_prefix_cache.engine.capability import Capabilities, Capability, SelfTest
 from oc_prefix_cache.engine.decision import Action, FileState, RequestFacts, decide
 from oc_prefix_cache.engine.executor import Executor
 from oc_prefix_cache.engine.instances import Instances
 from oc_prefix_cache.engine.issued import Record, Records
-from oc_prefix_cache.engine.lifecycle import Lifecycle
 from oc_prefix_cache.engine.loading import Loaded, Loader
 from oc_prefix_cache.engine.observer import ServerView
 from oc_prefix_cache.engine.occupant import Occupant, slot_facts
 from oc_prefix_cache.engine.ondisk import OnDisk
 from oc_prefix_cache.engine.park_ahead import AheadWriter, IdleSlots
-from oc_prefix_cache.engine.parker import Parker
 from oc_prefix_cache.engine.planner import HeadPlan, HeadPlanner
 from oc_prefix_cache.engine.ram_tier import RamTier, Where
-from oc_prefix_cache.engine.report import Reporter
-from oc_prefix_cache.engine.standdown import StandDown, StoodDown
+from oc_prefix_cache.engine.slot_activity import SlotActivity
+from oc_prefix_cache.engine.standdown import StandDown
+from oc_prefix_cache.engine.telemetry import Telemetry
 from oc_prefix_cache.engine.tracker import Holding, Seen, SlotTracker
-from oc_prefix_cache.errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError
+from oc_prefix_cache.errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, StoodDown
 from oc_prefix_cache.harness.base import head_by_markers
-from oc_prefix_cache.llama.client import SlotClient, Timings
+from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.fingerprint import ServerIdentity, server_key
 from oc_prefix_cache.settings import Settings
 
@@ -115,138 +108,45 @@ class _Facts:
     base_file: FileState = FileState.MISSING
 
 
-@dataclass
-class Stats:
-    counters: Counter[str] = field(default_factory=Counter)
-    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
-    last_report: dict[str, Any] | None = None
-
-
 class Preparer:
-    """Prepares for one llama-server (any of its slots). Thread-safe.
-
-    Its state lives in the shared ``SlotTracker`` (keyed by server URL and slot) and the
-    planner; one process may run several Preparers (several servers) on one tracker.
-    """
+    """Prepares one server's slots for requests (any of its slots): the prepare path only.
+    Thread-safe. Built by engine/wiring.py, which hands it the collaborators below; what the
+    engine does outside a request (reports, the watch between requests, a server's start and
+    stop, status) lives beside it there, not here."""
 
     def __init__(
         self,
         *,
         settings: Settings,
+        server: str,
         client: SlotClient,
-        store: Store,
-        tracker: SlotTracker | None = None,
-        planner: HeadPlanner | None = None,
-        server_binary: Path | None = None,
-        runtime: dict[str, Any] | None = None,
-        schedule: Callable[[Callable[[], None]], None] | None = None,
+        tracker: SlotTracker,
+        planner: HeadPlanner,
+        executor: Executor,
+        view: ServerView,
+        disk: OnDisk,
+        usage: UsageLog,
+        records: Records,
+        occupant: Occupant,
+        ram: RamTier,
+        ahead: AheadWriter,
+        idle: IdleSlots,
+        loader: Loader,
+        instances: Instances,
+        standdown: StandDown,
+        declare: Callable[[int, str], None],
+        capabilities: Capabilities,
+        selftest: SelfTest,
+        activity: SlotActivity,
+        telemetry: Telemetry,
     ) -> None:
-        self.settings = settings
-        self.client = client
-        self.server = client.server_id
-        self.store = store
-        self.tracker = tracker or SlotTracker(lock_dir=settings.home)
-        self.planner = planner or HeadPlanner()
-        self.usage = UsageLog(store)
-        self.events = EventLog(settings.log_dir)
-        client.on_evaluate = self._own_prefill
-        self.gc = AfterSaves(settings, schedule=schedule or _in_a_thread, flush=self.flush_usage)
-        self.executor = Executor(
-            client=client,
-            tracker=self.tracker,
-            store=store,
-            slot_dir=settings.slot_dir,
-            on_saved=lambda: self.gc.saved(),
-            known=settings.slot_versions,
-        )
-        # what each server binary and model can do with slot files, by a self-test at first contact
-        self.capabilities = Capabilities(settings.capabilities_path)
-        self.selftest = SelfTest(client=client, slot_dir=settings.slot_dir, known=settings.slot_versions)
+        self.settings, self.server, self.client, self.tracker, self.planner = settings, server, client, tracker, planner
+        self.executor, self.view, self.disk, self.usage, self.records = executor, view, disk, usage, records
+        self.occupant, self.ram, self.ahead, self.idle, self.loader = occupant, ram, ahead, idle, loader
+        self.instances, self.standdown, self._declare = instances, standdown, declare
+        self.capabilities, self.selftest, self.activity, self.telemetry = capabilities, selftest, activity, telemetry
+        self._count = telemetry.count
         self.capability: Capability | None = None  # this server's, once a prepare looked it up
-        self.view = ServerView(
-            client=client,
-            tracker=self.tracker,
-            read_slot=lambda slot, deadline: self.executor.observe(slot, deadline=deadline),
-            binary=server_binary,
-            runtime=runtime,
-            learn=lambda cache: self.ram.learn(cache),
-        )
-        self.disk = OnDisk(slot_dir=settings.slot_dir, store=store, tracker=self.tracker, server=self.server)
-        park_cap = None if settings.park_max_gb is None else round(settings.park_max_gb * 1e9)
-        self.parker = Parker(
-            client=client, planner=self.planner, executor=self.executor, tracker=self.tracker, park_max_bytes=park_cap
-        )
-        self.stats = Stats()
-        self._guard = threading.Lock()
-        self.records = Records()  # what each prepare did, until its report (engine/issued.py)
-        self._in_flight: dict[int, dict[str, Any]] = {}  # slot -> what a prepare is doing there (_doing)
-        self.standdown = StandDown()
-        self.idle = IdleSlots()  # slots left idle by a served request: parks written ahead (engine/park_ahead.py)
-        # which slot each request takes on -np N: one broker for every front door on this Preparer
-        self.broker = SlotBroker(
-            server=self.server,
-            tracker=self.tracker,
-            props=lambda deadline: client.props(deadline=deadline),
-            process_gone=self.view.process_gone,
-            namer=self._name,
-        )
-        # the server's own RAM prompt cache, the first tier under more conversations than slots (engine/ram_tier.py)
-        self.ram = RamTier(
-            server=self.server,
-            client=client,
-            tracker=self.tracker,
-            argv=self.view.argv,
-            bytes_per_token=lambda: self.executor.costs.bytes_per_token,
-            busy=self.broker.table.busy,
-            count=self._count,
-        )
-        # the slot's occupant: parked before anything runs over it, waited for (engine/occupant.py)
-        self.occupant = Occupant(
-            server=self.server,
-            tracker=self.tracker,
-            view=self.view,
-            parker=self.parker,
-            ram=self.ram,
-            park_min_tokens=settings.park_min_tokens,
-            count=self._count,
-        )
-        self.ahead = AheadWriter(
-            server=self.server,
-            tracker=self.tracker,
-            idle=self.idle,
-            seconds_for=self.executor.costs.seconds_for,
-            observe=lambda slot, deadline: self.view.observe(slot, deadline=deadline),
-            park=self.occupant.park_with_identity,
-            count=self._count,
-            ram_over=self.ram.over,
-        )
-        self.reporter = Reporter(
-            server=self.server,
-            records=self.records,
-            tracker=self.tracker,
-            planner=self.planner,
-            standdown=self.standdown,
-            idle=self.idle,
-            observe=self.view.observe,
-            count=self._count,
-            declare=self._declare,
-            event=self._event,
-        )
-        self.loader = Loader(
-            executor=self.executor,
-            ram=self.ram,
-            disk=self.disk,
-            parker=self.parker,
-            view=self.view,
-            standdown=self.standdown,
-            count=self._count,
-            declare=self._declare,
-        )
-        # which conversation a request under a shared key goes on (engine/instances.py)
-        self.instances = Instances(
-            server=self.server, tracker=self.tracker, ram=self.ram, busy=self.broker.table.busy, index=self.disk.index
-        )
-        self.lifecycle = Lifecycle(self)  # parks before a stop, warm starts, a process gone (engine/lifecycle.py)
 
     # -- public ------------------------------------------------------------------------
     def prepare(
@@ -277,9 +177,9 @@ class Preparer:
         self.idle.clear(slot)  # a request is about to run there: no park ahead of it now
         session = lower.get("x-session-id", "") if session is None else session
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
-        self.lifecycle.claim(slot, 1)
         try:
-            result = self._prepare(raw, lower, slot, deadline, session, rule, conversation)
+            with self.activity.claimed(slot):  # a warm start yields this slot meanwhile (engine/lifecycle.py)
+                result = self._prepare(raw, lower, slot, deadline, session, rule, conversation)
         except BadRequestBody as exc:
             result = PrepareResult("skipped", reason=str(exc))
         except StoodDown as exc:  # learned part-way (the slot was erased after a failed gate)
@@ -296,8 +196,6 @@ class Preparer:
             self.tracker.forget(self.server, slot, "a prepare crashed")
             log.exception("prepare crashed; failing open")
             result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            self.lifecycle.claim(slot, -1)
         self.ram.publish_idle(slot)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing
@@ -305,153 +203,6 @@ class Preparer:
         self.records.label(result.prepare_id, harness or harness_of(lower.get("user-agent", "")))
         self._log(result)
         return result
-
-    def _name(
-        self, key: ConversationKey, raw: bytes, continuing: bool, rewrites_history: bool, in_flight: frozenset[str]
-    ) -> str:
-        """The broker's namer (under its lock): the conversation under a shared key (engine/instances.py)."""
-        return self.instances.name(
-            key, raw, continuing=continuing, rewrites_history=rewrites_history, in_flight=in_flight
-        )
-
-    def report(
-        self,
-        *,
-        fingerprint: str,
-        cache_n: int,
-        prompt_n: int,
-        prepare_id: str = "",
-        predicted_n: int | None = None,
-        prompt_ms: float | None = None,
-        door: str = "plugin",
-    ) -> dict[str, Any]:
-        """Learn from the real request: did it reuse what was prepared for it? (engine/report.py)"""
-        report = self.reporter.report(
-            fingerprint=fingerprint,
-            cache_n=cache_n,
-            prompt_n=prompt_n,
-            prepare_id=prepare_id,
-            predicted_n=predicted_n,
-            prompt_ms=prompt_ms,
-            door=door,
-        )
-        with self._guard:
-            self.stats.last_report = report
-        return dict(report)
-
-    def _event(self, event: Event) -> None:
-        """Into the event log (``ocpc stats``, ``ocpc top``); a failed write fails nothing."""
-        try:
-            self.events.write(event)
-        except OSError as exc:
-            self._count("event_log_failed")
-            log.debug("event log: %s", exc)
-
-    def _own_prefill(self, slot: int, timings: Timings) -> None:
-        """ocpc's own evaluation (a warm, a park's or project head's tail): a cost in the event log."""
-        if timings.prompt_n > 0:
-            self._event(
-                Event(
-                    at=time.time(),
-                    door="ocpc",
-                    server=self.server,
-                    slot=slot,
-                    harness="ocpc",
-                    action="prefill",
-                    source="",
-                    cache_n=timings.cache_n,
-                    prompt_n=timings.prompt_n,
-                    prompt_ms=timings.prompt_ms,
-                )
-            )
-
-    def watch(self) -> None:
-        """Between requests (the daemon and the proxy call this every second): notice restarts
-        early, park ahead the conversations of slots left idle (engine/park_ahead.py), and write noted file
-        uses to the index when due. Behind a router, nothing here loads an unloaded model."""
-        with self.client.background():
-            self._watch()
-
-    def _watch(self) -> None:
-        try:
-            self.view.observe(self.settings.slot)
-            n_slots = self.broker.slots_known()
-            if n_slots is not None:  # its slots exist: gc keeps their current files (store.UsageLog.alive)
-                self.usage.alive(self.server, n_slots)
-        except OcpcError:
-            pass  # down or restarting: the next look tells
-        self._reclaim_leases()
-        if not self.stood_down():
-            self.ahead.run(threshold_s=self._ahead_threshold(), park_min=self.settings.park_min_tokens)
-        if self.usage.due():
-            self.flush_usage()
-
-    def _ahead_threshold(self) -> float | None:
-        """How long a park must take to be written ahead. Behind a router, every park is: the
-        router unloads a model without a word, so a park left for the displacement is never made."""
-        threshold = self.settings.park_ahead_s
-        return 0.0 if threshold is not None and self.client.model is not None else threshold
-
-    def _reclaim_leases(self) -> None:
-        """Slots lent to the plugin's requests whose report never came (an answer without timings,
-        a plugin that gave up) are taken back once the server shows them idle (``engine/broker.py``)."""
-        if not self.broker.overdue():  # no /slots call for leases whose request is still young
-            return
-        try:
-            slots = self.client.slots(deadline=Deadline.after(2.0))
-        except OcpcError:
-            return
-        idle = {s.get("id"): not s.get("is_processing") for s in slots if isinstance(s, dict)}
-        tasks = {s.get("id"): s["id_task"] for s in slots if isinstance(s, dict) and isinstance(s.get("id_task"), int)}
-        if self.broker.reclaim(lambda slot: idle.get(slot) is True, task=tasks.get):
-            self._count("lease_reclaimed")
-
-    def count(self, key: str) -> None:
-        """Count an event a front door saw (``status()["counters"]``)."""
-        self._count(key)
-
-    def park_live(self, *, deadline: Deadline) -> list[dict[str, Any]]:
-        """Park every conversation this server's slots hold: a graceful stop comes next (engine/lifecycle.py)."""
-        return self.lifecycle.park_live(deadline=deadline)
-
-    def warm_start(self, *, deadline: Deadline, yielding: bool = False) -> list[str]:
-        """Restore into each idle slot the head or project head it held last (engine/lifecycle.py)."""
-        return self.lifecycle.warm_start(deadline=deadline, yielding=yielding)
-
-    def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
-        """Behind a router: warm the slots of a model just loaded or woken (engine/lifecycle.py)."""
-        return self.lifecycle.warm_loaded(woke=woke, deadline=deadline)
-
-    def process_ended(self, why: str, *, if_known: bool = False) -> None:
-        """The server's process ended, known from elsewhere (a router unloaded this model)."""
-        self.lifecycle.process_ended(why, if_known=if_known)
-
-    def stood_down(self) -> str | None:
-        """Why ocpc stands down on this server process (restores cannot serve), or None.
-
-        Memory only, no server call: the proxy asks before every request. A restart (a new
-        server process, noticed by any look at the slots) ends it; the facts are read again."""
-        return self.standdown.why(self.tracker.epoch(self.server))
-
-    def flush_usage(self) -> None:
-        try:
-            self.usage.flush()
-        except OcpcError as exc:
-            log.warning("could not record file uses in the index (kept for the next try): %s", exc)
-
-    def status(self) -> dict[str, Any]:
-        with self._guard:
-            counters = dict(self.stats.counters)
-            return {
-                "counters": {a: counters.get(a, 0) for a in ACTIONS}
-                | {k: v for k, v in counters.items() if k not in ACTIONS},
-                "events": list(self.stats.events),
-                "last_report": self.stats.last_report,
-                "tracker": self.tracker.snapshot().get(self.server, {}),
-                "stood_down": self.stood_down(),
-                "capability": self.capability.to_json() if self.capability else None,
-                "doing": {str(slot): dict(doing) for slot, doing in sorted(self._in_flight.items())},
-            }
 
     # -- the flow ----------------------------------------------------------------------
     def _prepare(
@@ -671,7 +422,7 @@ class Preparer:
         tokens = {"head": len(facts.plan.tokens), "park": facts.park.n_tokens if facts.park else 0}.get(
             action.target, 0
         )
-        with self._doing(slot, f"{action.kind} {action.target}", tokens):
+        with self.activity.doing(slot, f"{action.kind} {action.target}", tokens):
             loaded = self.loader.carry_out(
                 action,
                 facts.plan,
@@ -720,7 +471,7 @@ class Preparer:
         tokens saved, read, restored and reused, in the slot about to be replaced anyway (its
         occupant parked first). A build whose restore does not serve makes ocpc stand down before it
         spends a warm; one that serves is used whatever its version number. Returns the slot now."""
-        with self._doing(slot, "self-test", 0):
+        with self.activity.doing(slot, "self-test", 0):
             capability = self.selftest.run(
                 facts.plan.tokens,
                 slot,
@@ -788,19 +539,6 @@ class Preparer:
             stored=holding.stored,
             source="slot",
         )
-
-    @contextmanager
-    def _doing(self, slot: int, what: str, tokens: int) -> Iterator[None]:
-        """What a prepare is doing to ``slot`` now (``status()``'s ``doing``: ``ocpc top`` shows a
-        long restore or warm with its expected time, from the restores measured so far)."""
-        expected = self.executor.costs.seconds_for(tokens) if what.startswith("restore") and tokens else None
-        with self._guard:
-            self._in_flight[slot] = {"what": what, "since": time.time(), "tokens": tokens, "expected_s": expected}
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._in_flight.pop(slot, None)
 
     def _holding_after(
         self, loaded: Loaded, plan: HeadPlan, slot: int, seen: Seen, *, conversation: str, deadline: Deadline
@@ -871,17 +609,6 @@ class Preparer:
         self._count("stood_down")
         return PrepareResult("skipped", reason=f"standing down on this server: {why}")
 
-    def _declare(self, epoch: int, why: str) -> None:
-        if self.standdown.declare(epoch, why):  # said once per server process
-            self._count("stand_down")
-            log.warning(
-                "ocpc stands down on %s until it restarts: %s; requests go to the server as they would without ocpc",
-                self.server,
-                why,
-            )
-            with self._guard:
-                self.stats.events.append({"action": "stand_down", "reason": why, "at": time.time()})
-
     # -- helpers -----------------------------------------------------------------------
     def _answer(
         self,
@@ -918,14 +645,8 @@ class Preparer:
             action, fp, expected, reason=reason, tools_in_head=tools_in_head, prepare_id=prepare_id, source=source
         )
 
-    def _count(self, key: str) -> None:
-        with self._guard:
-            self.stats.counters[key] += 1
-
     def _log(self, result: PrepareResult) -> None:
-        with self._guard:
-            self.stats.counters[result.action] += 1
-            self.stats.events.append(result.to_json() | {"at": time.time()})
+        self.telemetry.answered(result.action, result.to_json())
         level = logging.WARNING if result.action == "failed" else logging.INFO
         log.log(
             level,
@@ -936,11 +657,6 @@ class Preparer:
             result.elapsed_ms,
             result.reason,
         )
-
-
-def _in_a_thread(job: Callable[[], None]) -> None:
-    """Work nobody waits on, when no background worker was given (the daemon gives one)."""
-    threading.Thread(target=job, name="ocpc-job", daemon=True).start()
 
 
 def _continues(previous: Trail, current: Trail) -> bool:

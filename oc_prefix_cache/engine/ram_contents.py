@@ -66,7 +66,7 @@ def swaps_from_ram(*, occupant: Sequence[int] | None, occupant_tokens: int, requ
 
     b11434's ``get_available_slot`` does that only when the slot would keep under half of what it
     holds (``f_keep < 0.5``), and not for an empty slot (``f_keep`` is 0/0 there: measured,
-    tests/test_server_facts.py). Otherwise it keeps the shared prefix, truncates the rest and
+    tests/rig/llama/test_server_facts.py). Otherwise it keeps the shared prefix, truncates the rest and
     processes the request from there: a returning conversation that shares a head with a short
     occupant would re-process everything after the head, and the occupant's tail is lost. Where it
     would not swap, one token the request does not start with, evaluated in the slot first, makes

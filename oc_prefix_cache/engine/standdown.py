@@ -20,17 +20,16 @@ server process: new flags, perhaps) ends it, and the facts are read again.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.engine.telemetry import Telemetry
+
+log = logging.getLogger("ocpc.prepare")
 
 PROBE_FAILURES = 2
 MISSES = 3
-
-
-class StoodDown(OcpcError):
-    """Learned part-way through a prepare: the request goes on unprepared."""
 
 
 @dataclass
@@ -90,3 +89,23 @@ class StandDown:
     def _at(self, epoch: int) -> None:
         if epoch != self._epoch:  # a new server process: what was learned was about the old one
             self._epoch, self._why, self._probe_failures, self._misses = epoch, None, 0, 0
+
+
+class Declarer:
+    """Stand down on a server process, and say so once: the log, a counter, a recent event.
+
+    Every part that learns restores cannot serve (a prepare, the loader's gates, a report)
+    calls this one, so the announcement is made in one place whoever learned it."""
+
+    def __init__(self, *, server: str, standdown: StandDown, telemetry: Telemetry) -> None:
+        self.server, self.standdown, self.telemetry = server, standdown, telemetry
+
+    def __call__(self, epoch: int, why: str) -> None:
+        if self.standdown.declare(epoch, why):  # said once per server process
+            self.telemetry.count("stand_down")
+            log.warning(
+                "ocpc stands down on %s until it restarts: %s; requests go to the server as they would without ocpc",
+                self.server,
+                why,
+            )
+            self.telemetry.noted({"action": "stand_down", "reason": why})

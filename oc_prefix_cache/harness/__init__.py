@@ -6,8 +6,10 @@ normalised, where its stable head ends and which conversation a request belongs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from oc_prefix_cache.harness.aider import AiderAdapter
-from oc_prefix_cache.harness.base import Adapter, Incoming, select
+from oc_prefix_cache.harness.base import Adapter, Incoming
 from oc_prefix_cache.harness.claude_code import ClaudeCodeAdapter
 from oc_prefix_cache.harness.cline import ClineAdapter
 from oc_prefix_cache.harness.codex import CodexAdapter
@@ -30,6 +32,27 @@ DEFAULT_ADAPTERS: tuple[Adapter, ...] = (
     OpenHandsAdapter(),
 )
 NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
+
+
+def select(
+    incoming: Incoming,
+    *,
+    enabled: frozenset[str],
+    adapters: Sequence[Adapter] | None = None,
+    fallback: Adapter | None = None,
+) -> Adapter:
+    """The first enabled adapter that matches, else the generic one (``fallback``).
+
+    Here, beside the adapters it defaults to (so no adapter module imports the package back).
+    ``adapters`` defaults to every harness this package knows, in a fixed order; ``fallback`` to a
+    generic adapter with OpenCode's marker. The fallback is used even when "generic" is not in
+    ``enabled``: it changes no body, so it is the same as having no adapter at all.
+    """
+    for adapter in DEFAULT_ADAPTERS if adapters is None else adapters:
+        if adapter.name in enabled and adapter.matches(incoming):
+            return adapter
+    return fallback if fallback is not None else GenericAdapter()
+
 
 __all__ = [
     "DEFAULT_ADAPTERS",

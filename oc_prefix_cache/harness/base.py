@@ -9,7 +9,7 @@ stay harness-blind. Adapters never touch the network and never mutate what they 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,27 +66,6 @@ class Adapter(Protocol):
         typed; never a canned example), shared (``ConversationKey``). ``chat``: the body as chat
         completions."""
         ...
-
-
-def select(
-    incoming: Incoming,
-    *,
-    enabled: frozenset[str],
-    adapters: Sequence[Adapter] | None = None,
-    fallback: Adapter | None = None,
-) -> Adapter:
-    """The first enabled adapter that matches, else the generic one (``fallback``).
-
-    ``adapters`` defaults to every harness this package knows, in a fixed order; ``fallback`` to a
-    generic adapter with OpenCode's marker. The fallback is used even when "generic" is not in
-    ``enabled``: it changes no body, so it is the same as having no adapter at all.
-    """
-    from oc_prefix_cache.harness import DEFAULT_ADAPTERS, GenericAdapter
-
-    for adapter in DEFAULT_ADAPTERS if adapters is None else adapters:
-        if adapter.name in enabled and adapter.matches(incoming):
-            return adapter
-    return fallback if fallback is not None else GenericAdapter()
 
 
 def unchanged(incoming: Incoming) -> tuple[dict[str, Any], tuple[str, ...]]:

@@ -13,13 +13,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from oc_prefix_cache.errors import OcpcError
+from oc_prefix_cache.errors import InstallError
 
 EditKind = Literal["member", "append", "replace"]
-
-
-class InstallError(OcpcError):
-    """A harness's config cannot be changed (or put back) safely."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +53,6 @@ def change_still_ours(change: dict[str, Any], current: Any) -> bool:
     if change.get("container"):
         return bool(current == change["value"])
     return still_ours(current, change["value"], change.get("same_when"))
-
-
-class FormatError(OcpcError):
-    """The text is not valid in the config's format (the message says where)."""
 
 
 class ConfigFormat(Protocol):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from oc_prefix_cache.errors import FormatError, JsoncError
 from oc_prefix_cache.install import jsonc
-from oc_prefix_cache.install.edits import Edit, FormatError, change_still_ours, dotted, still_ours
+from oc_prefix_cache.install.edits import Edit, change_still_ours, dotted, still_ours
 
 
 class JsonFormat:
@@ -22,7 +23,7 @@ class JsonFormat:
     def parse(self, text: str) -> dict[str, Any]:
         try:
             config = jsonc.loads(text)
-        except jsonc.JsoncError as exc:
+        except JsoncError as exc:
             raise FormatError(f"is not valid JSON ({exc})") from exc
         if not isinstance(config, dict):
             raise FormatError("is not a JSON object")
@@ -54,7 +55,7 @@ class JsonFormat:
             for change in reversed(changes):
                 text = _undo(text, change, kept)
             jsonc.loads(text)
-        except jsonc.JsoncError as exc:
+        except JsoncError as exc:
             raise FormatError(f"would be left invalid JSON by removing ocpc's entries ({exc})") from exc
         return text
 

@@ -12,11 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from oc_prefix_cache.errors import OcpcError
-
-
-class JsoncError(OcpcError):
-    """The config is not JSON, even allowing comments and trailing commas."""
+from oc_prefix_cache.errors import JsoncError
 
 
 def blank_comments(text: str) -> str:

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from oc_prefix_cache.errors import InstallError
 from oc_prefix_cache.install import aider, claude_code, cline, codex, kilo_code, pi, qwen_code
-from oc_prefix_cache.install.edits import InstallError
 from oc_prefix_cache.install.records import Said
 from oc_prefix_cache.settings import Settings
 

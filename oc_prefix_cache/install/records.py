@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oc_prefix_cache.errors import FormatError, InstallError
 from oc_prefix_cache.files import private_dir, write_atomic, write_private
-from oc_prefix_cache.install.edits import ConfigFormat, Edit, EditKind, FormatError, InstallError
+from oc_prefix_cache.install.edits import ConfigFormat, Edit, EditKind
 from oc_prefix_cache.install.json_format import JSON
 from oc_prefix_cache.settings import Settings
 

@@ -21,7 +21,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
-from oc_prefix_cache.install.edits import Edit, FormatError, InstallError, apply_undo, expected_after, plan_undo
+from oc_prefix_cache.errors import FormatError, InstallError
+from oc_prefix_cache.install.edits import Edit, apply_undo, expected_after, plan_undo
 
 Container = Any  # tomlkit's TOMLDocument, Table or InlineTable: all behave as mutable mappings
 

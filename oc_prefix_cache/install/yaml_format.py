@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from oc_prefix_cache.install.edits import Edit, FormatError, InstallError, UndoOp, apply_undo, expected_after, plan_undo
+from oc_prefix_cache.errors import FormatError, InstallError
+from oc_prefix_cache.install.edits import Edit, UndoOp, apply_undo, expected_after, plan_undo
 
 HEADER = "# added by `ocpc install --harness {harness}`; `ocpc uninstall --harness {harness}` takes it out\n"
 

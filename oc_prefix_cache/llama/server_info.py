@@ -25,7 +25,7 @@ import xxhash
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.errors import OcpcError, ServerTimeout
+from oc_prefix_cache.errors import OcpcError, ServerError, ServerTimeout
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.families import CTX_CHECKPOINTS, SWA_FULL, CacheFacts, Family
 from oc_prefix_cache.llama.fingerprint import (
@@ -530,9 +530,9 @@ def _parent(pid: int) -> int | None:
 def _answers_health(url: str) -> bool:
     """Whether ``url`` answers like llama-server's /health (ok, or 503 while loading)."""
     try:
-        response = loopback.get(f"{url}/health", timeout=httpx.Timeout(0.5, connect=0.3))
+        response = loopback.get(f"{url}/health", timeout=httpx.Timeout(0.5, connect=0.3), what="llama-server")
         data = response.json()
-    except (httpx.HTTPError, ValueError):
+    except (ServerError, ValueError):
         return False
     return response.status_code in (200, 503) and isinstance(data, dict) and ("status" in data or "error" in data)
 
@@ -540,8 +540,10 @@ def _answers_health(url: str) -> bool:
 def daemon_server_url(settings: Settings, *, timeout: float = 2.0) -> str | None:
     """The llama-server URL the daemon on OC_PREFIX_CACHE_DAEMON_PORT says it serves."""
     try:
-        data = loopback.get(f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(timeout, connect=0.5)).json()
-    except (httpx.HTTPError, ValueError):
+        data = loopback.get(
+            f"{settings.daemon_url}/v1/status", timeout=httpx.Timeout(timeout, connect=0.5), what="ocpc's daemon"
+        ).json()
+    except (ServerError, ValueError):
         return None
     url = (data.get("server") or {}).get("url") if isinstance(data, dict) else None
     return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None

@@ -19,10 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from oc_prefix_cache import loopback
-from oc_prefix_cache.errors import ProcessError
+from oc_prefix_cache.errors import ProcessError, ServerError
 from oc_prefix_cache.files import private_dir, private_opener
 
 PR_SET_PDEATHSIG = 1
@@ -85,7 +83,7 @@ class Supervised:
     def _wait_healthy(self, timeout: float, on_wait: Callable[[float], None] | None) -> None:
         assert self.proc is not None
         started = time.monotonic()
-        with loopback.client(timeout=2.0) as client:  # never through a proxy from the environment
+        with loopback.client(timeout=2.0, what=self.name) as client:  # never through a proxy from the environment
             while True:
                 code = self.proc.poll()
                 if code is not None:
@@ -96,7 +94,7 @@ class Supervised:
                 try:
                     if client.get(self.health_url).status_code == 200:
                         return
-                except httpx.HTTPError:
+                except ServerError:  # not up yet
                     pass
                 elapsed = time.monotonic() - started
                 if elapsed > timeout:
