@@ -53,7 +53,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -79,6 +78,7 @@ from oc_prefix_cache.commands.demo import (
     timed_chat,
 )
 from oc_prefix_cache.disk.slotfile import slot_filename
+from oc_prefix_cache.errors import ServerHTTPError
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.server_process import LlamaServer, ServerConfig, free_port
 from oc_prefix_cache.llama.supervisor import Supervised, stop_on_sigterm
@@ -351,7 +351,7 @@ def hit_latency(stage: Stage, session: Session, calls: int) -> dict[str, Any]:
         bind = prepare_over_http(stage.http, url, session.bound, "ses_hit")
         try:
             timing = timed_chat(stage.http, stage.server.url, session.bound)
-        except httpx.HTTPStatusError as exc:
+        except ServerHTTPError as exc:
             raise SystemExit(
                 f"{session.name}: the server refused its prior request ({exc.response.text[:300]})"
             ) from exc

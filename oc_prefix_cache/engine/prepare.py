@@ -177,25 +177,25 @@ class Preparer:
         self.idle.clear(slot)  # a request is about to run there: no park ahead of it now
         session = lower.get("x-session-id", "") if session is None else session
         rule = head_of or (lambda data: head_by_markers(data, self.settings.markers))
-        try:
-            with self.activity.claimed(slot):  # a warm start yields this slot meanwhile (engine/lifecycle.py)
+        with self.activity.claimed(slot):  # a warm start yields this slot until the answer (engine/lifecycle.py)
+            try:
                 result = self._prepare(raw, lower, slot, deadline, session, rule, conversation)
-        except BadRequestBody as exc:
-            result = PrepareResult("skipped", reason=str(exc))
-        except StoodDown as exc:  # learned part-way (the slot was erased after a failed gate)
-            self.tracker.forget(self.server, slot, "ocpc stood down on this server")
-            result = PrepareResult("skipped", reason=str(exc))
-        except (DeadlineExceeded, LockTimeout) as exc:
-            self._count("failed:deadline")
-            result = PrepareResult("failed", reason=str(exc))
-        except OcpcError as exc:
-            self.tracker.forget(self.server, slot, f"a prepare failed part-way: {exc}")
-            log.warning("prepare failed open: %s", exc)
-            result = PrepareResult("failed", reason=str(exc))
-        except Exception as exc:  # never let a bug break the user's request
-            self.tracker.forget(self.server, slot, "a prepare crashed")
-            log.exception("prepare crashed; failing open")
-            result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+            except BadRequestBody as exc:
+                result = PrepareResult("skipped", reason=str(exc))
+            except StoodDown as exc:  # learned part-way (the slot was erased after a failed gate)
+                self.tracker.forget(self.server, slot, "ocpc stood down on this server")
+                result = PrepareResult("skipped", reason=str(exc))
+            except (DeadlineExceeded, LockTimeout) as exc:
+                self._count("failed:deadline")
+                result = PrepareResult("failed", reason=str(exc))
+            except OcpcError as exc:
+                self.tracker.forget(self.server, slot, f"a prepare failed part-way: {exc}")
+                log.warning("prepare failed open: %s", exc)
+                result = PrepareResult("failed", reason=str(exc))
+            except Exception as exc:  # never let a bug break the user's request
+                self.tracker.forget(self.server, slot, "a prepare crashed")
+                log.exception("prepare crashed; failing open")
+                result = PrepareResult("failed", reason=f"internal error: {type(exc).__name__}: {exc}")
         self.ram.publish_idle(slot)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         if not result.prepare_id:  # skipped or failed: an id of its own, so its report binds nothing

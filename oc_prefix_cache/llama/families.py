@@ -23,7 +23,7 @@ The decision and the executor read these facts; nothing else branches on the fam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 SWA_FULL = "--swa-full"
@@ -35,7 +35,7 @@ _RECURRENT_KEYS = ("ssm.state_size", "ssm.inner_size", "wkv.head_size", "shortco
 _SWA_KEYS = ("attention.sliding_window",)
 
 
-class Family(StrEnum):
+class Family(str, Enum):  # noqa: UP042  (str() of a member stays "Family.X", as it always was)
     TRANSFORMER = "transformer"
     HYBRID = "hybrid"  # recurrent or hybrid (recurrent + attention)
     SWA = "swa"  # sliding-window attention layers
