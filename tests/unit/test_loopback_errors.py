@@ -177,6 +177,39 @@ def test_an_error_status_is_server_http_error_with_its_status(serve) -> None:
     assert loopback.raise_for_status(response) is response
 
 
+def test_any_status_but_success_is_an_error_as_httpx_said(serve) -> None:
+    """A redirect from a loopback server is not an answer ocpc can use: refused, as httpx's own
+    ``raise_for_status`` refused it (ocpc's doors and llama-server never redirect)."""
+
+    def redirect(conn: socket.socket, _: int) -> None:
+        while read_request(conn):
+            conn.sendall(answer(302, b"").replace(b"content-type", b"location: /elsewhere\r\ncontent-type"))
+
+    server = serve(redirect)
+    response = loopback.get(f"{server.url}/v1/park")
+    with pytest.raises(ServerHTTPError) as caught:
+        loopback.raise_for_status(response)
+    assert caught.value.status == 302
+
+
+def test_an_answer_cut_mid_body_is_never_sent_again(serve) -> None:
+    """Only a request the server dropped before answering goes again: once an answer has begun,
+    the server acted on the request (a slot save, a completion), and sending it twice would repeat
+    that. One connection, one request, whatever ``resend_stale`` says."""
+    requests: list[int] = []
+
+    def cut(conn: socket.socket, number: int) -> None:
+        if read_request(conn):
+            requests.append(number)
+            conn.sendall(answer(body=b'{"partial": ', length=1000))
+        conn.close()
+
+    server = serve(cut)
+    with loopback.client(server.url, resend_stale=True) as http, pytest.raises(ServerUnreachable):
+        http.post("/slots/0", params={"action": "save"}, json={"filename": "x.bin"})
+    assert requests == [0]
+
+
 def closes_its_kept_alive_connection(conn: socket.socket, number: int) -> None:
     """The first connection answers one request, then takes the next and closes without an
     answer (a kept-alive connection the server had just closed); later ones answer each request."""
