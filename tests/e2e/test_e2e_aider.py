@@ -70,33 +70,41 @@ def aider_home(home: Path, proxy_url: str, server_url: str) -> Path:
     return home
 
 
+# Aider as a person runs it in CI: no commits, no prompts, no update checks, plain output.
+AIDER_ARGS = (
+    "--no-auto-commits",
+    "--yes-always",
+    "--no-check-update",
+    "--no-show-model-warnings",
+    "--analytics-disable",
+    "--no-show-release-notes",
+    "--no-gitignore",
+    "--no-pretty",
+    "--no-fancy-input",
+)
+
+
+def aider_env(home: Path) -> dict[str, str]:
+    """A clean environment (the proxy stub's variables added by ``agent_env``): nothing of the
+    machine's own Aider or LiteLLM settings leaks in."""
+    return agent_env(
+        {
+            "HOME": str(home),
+            "PATH": "/usr/bin:/bin",
+            "TERM": "dumb",
+            "TZ": "UTC",
+            "LANG": "C.UTF-8",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+    )
+
+
 def run_aider(binary: Path, home: Path, project: Path, prompt: str) -> str:
     """One session; the model, base URL and key come from the installed ~/.aider.conf.yml only."""
-    env = {
-        "HOME": str(home),
-        "PATH": "/usr/bin:/bin",
-        "TERM": "dumb",
-        "TZ": "UTC",
-        "LANG": "C.UTF-8",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    }
-    args = [
-        "--no-auto-commits",
-        "--yes-always",
-        "--no-check-update",
-        "--no-show-model-warnings",
-        "--analytics-disable",
-        "--no-show-release-notes",
-        "--no-gitignore",
-        "--no-pretty",
-        "--no-fancy-input",
-        "--message",
-        prompt,
-    ]
     proc = subprocess.run(
-        [str(binary), *args],
+        [str(binary), *AIDER_ARGS, "--message", prompt],
         cwd=project,
-        env=agent_env(env),
+        env=aider_env(home),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -206,30 +214,11 @@ def proxy_rows(launched: Any) -> list[dict[str, Any]]:
 
 def start_aider(binary: Path, home: Path, project: Path, log: Path) -> subprocess.Popen[str]:
     """An interactive session reading typed lines from standard input (as `printf ... | aider`)."""
-    env = {
-        "HOME": str(home),
-        "PATH": "/usr/bin:/bin",
-        "TERM": "dumb",
-        "TZ": "UTC",
-        "LANG": "C.UTF-8",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    }
-    args = [
-        "--no-auto-commits",
-        "--yes-always",
-        "--no-check-update",
-        "--no-show-model-warnings",
-        "--analytics-disable",
-        "--no-show-release-notes",
-        "--no-gitignore",
-        "--no-pretty",
-        "--no-fancy-input",
-    ]
     with open(log, "w") as out:
         return subprocess.Popen(
-            [str(binary), *args],
+            [str(binary), *AIDER_ARGS],
             cwd=project,
-            env=agent_env(env),
+            env=aider_env(home),
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
