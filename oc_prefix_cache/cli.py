@@ -250,6 +250,76 @@ def proxy(
             pass
 
 
+@app.command()
+def token(
+    rotate: Annotated[bool, typer.Option(help="Write a new token; the old one stays accepted until --retire.")] = False,
+    retire: Annotated[bool, typer.Option(help="Stop accepting the previous token (after a rotation).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Many boxes: the deployment's shared token (0600), made when missing. Copy the same file to
+    every box and the gateway (OC_PREFIX_CACHE_TOKEN_FILE); the token itself is never printed."""
+    from oc_prefix_cache.doors import token as tokens
+
+    with edge():
+        settings = Settings.from_env()
+        path = settings.token_path
+        if rotate and retire:
+            raise OcpcError("--rotate and --retire are two steps: rotate, copy the file everywhere, then retire")
+        if rotate:
+            tokens.rotate(path)
+            what = "rotated: the previous token stays accepted until `ocpc token --retire`"
+        elif retire:
+            what = "the previous token is retired" if tokens.retire(path) else "there was no previous token"
+        else:
+            _, made = tokens.create(path)
+            what = "made" if made else "exists"
+        if as_json:
+            print_json({"path": str(path), "state": what})
+        else:
+            err.print(f"token file {path}: {what}", highlight=False)
+
+
+@app.command()
+def gateway(
+    box: Annotated[
+        list[str], typer.Option("--box", help="A box's door (its `ocpc launch --listen`), once per box.")
+    ] = [],  # noqa: B006
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The front's port (loopback): the agents' URL.")] = 8800,
+    smg_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="smg's port (loopback; default: a free one).")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="smg's policy; consistent_hashing routes by ocpc's conversation key.")
+    ] = "consistent_hashing",
+    gateway_url: Annotated[
+        str | None, typer.Option("--gateway-url", help="An smg you run yourself: start only the front, before it.")
+    ] = None,
+    print_smg: Annotated[
+        bool, typer.Option("--print-smg", help="Print the smg command for these boxes and exit.")
+    ] = False,
+) -> None:
+    """Many boxes: smg over the boxes, and ocpc's front before it, where the agents point (docs/scale.md)."""
+    from oc_prefix_cache.commands import gateway as gateway_command
+    from oc_prefix_cache.logs import setup_logging
+
+    with edge():
+        settings = Settings.from_env()
+        planned = (
+            None if gateway_url else gateway_command.plan(box, policy=policy, smg_host="127.0.0.1", smg_port=smg_port)
+        )
+        if print_smg:
+            if planned is None:
+                raise OcpcError("--print-smg prints the smg command for --box ...: give the boxes, not --gateway-url")
+            print(planned.shell_command(settings.token_path))
+            return
+        setup_logging(settings.log_dir / "gateway.log")
+        url = gateway_url or (planned.smg_url if planned else "")
+        code = gateway_command.run(
+            settings, gateway=planned, gateway_url=url.rstrip("/"), host="127.0.0.1", port=port, say=_progress
+        )
+        raise typer.Exit(code)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def demo(
     ctx: typer.Context,
@@ -548,6 +618,13 @@ def launch(
             "and ocpc stands down; it costs KV memory (docs/configuration.md)."
         ),
     ] = True,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Many boxes: HOST:PORT where this box's door answers a gateway (the agents' API only, and only "
+            "with the deployment's token: `ocpc token`). Off: loopback only."
+        ),
+    ] = None,
 ) -> None:
     """Start llama-server with the flags the cache needs, and the daemon beside it.
 
@@ -563,6 +640,15 @@ def launch(
     with edge():
         settings = Settings.from_env()
         host = "127.0.0.1"
+        door = launcher.parse_listen(listen) if listen else None
+        if door is not None:
+            from oc_prefix_cache.doors import token
+
+            if models_dir is not None:
+                raise OcpcError(
+                    "--listen serves one model's box; a router (--models-dir) behind a gateway is not supported yet"
+                )
+            token.read(settings.token_path)  # before anything starts: a door nobody can pass is no door
         server = find_server(settings, explicit=server_bin, build_if_missing=True, progress=_progress)
         if model is not None and models_dir is not None:
             raise OcpcError("-m and --models-dir are two ways to name the model: give one")
@@ -615,6 +701,7 @@ def launch(
             say=_progress,
             on_wait=lambda s: status.update(f"loading the model ({s:.0f} s)"),
             on_ready=status.stop,
+            listen=door,
         )
         raise typer.Exit(code)
 

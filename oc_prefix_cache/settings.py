@@ -78,6 +78,16 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "OC_PREFIX_CACHE_PYPI_URL": ("https://pypi.org/simple", "index the llama.cpp sdist comes from"),
     "LLAMA_SERVER": ("unset", "a llama-server binary of your own; wins over PATH and the rig"),
+    "OC_PREFIX_CACHE_TOKEN_FILE": (
+        "$OC_PREFIX_CACHE_HOME/token",
+        "many boxes: the deployment's shared token (0600; `ocpc token` writes and rotates it); a box's "
+        "network door (`ocpc launch --listen`) refuses every request without it, and `ocpc gateway` sends it",
+    ),
+    "OC_PREFIX_CACHE_SHARED_STORE": (
+        "unset",
+        "many boxes: a folder every box can read and write (a local disk or NFS); heads and parks are "
+        "published there and restored (gated) on any box with the same model and server (docs/scale.md)",
+    ),
     "OC_PREFIX_CACHE_SLOT_VERSIONS": (
         "2,3,4",
         "slot-file versions whose header ocpc reads as known (others are read the same way and used only "
@@ -112,6 +122,13 @@ class Settings:
     pypi_url: str
     llama_server: Path | None
     slot_versions: frozenset[int] = frozenset({2, 3, 4})  # slot-file versions read as known (disk/slotfile.py)
+    token_file: Path | None = None  # None: ``home / "token"`` (``token_path``)
+    shared_store: Path | None = None  # many boxes: the folder the boxes share (disk/shared_store.py)
+
+    @property
+    def token_path(self) -> Path:
+        """The deployment's shared token (doors/token.py): never on a command line."""
+        return self.token_file if self.token_file is not None else self.home / "token"
 
     @property
     def normalisations_off(self) -> frozenset[str]:
@@ -188,6 +205,8 @@ class Settings:
             pypi_url=env.get("OC_PREFIX_CACHE_PYPI_URL", "https://pypi.org/simple").rstrip("/"),
             llama_server=Path(server_raw) if server_raw else None,
             slot_versions=_versions(env.get("OC_PREFIX_CACHE_SLOT_VERSIONS", "2,3,4")),
+            token_file=Path(env["OC_PREFIX_CACHE_TOKEN_FILE"]) if env.get("OC_PREFIX_CACHE_TOKEN_FILE") else None,
+            shared_store=Path(env["OC_PREFIX_CACHE_SHARED_STORE"]) if env.get("OC_PREFIX_CACHE_SHARED_STORE") else None,
         )
 
 

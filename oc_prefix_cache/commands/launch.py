@@ -38,7 +38,10 @@ from oc_prefix_cache.llama.supervisor import Supervised
 from oc_prefix_cache.settings import Settings
 
 if TYPE_CHECKING:
+    from oc_prefix_cache.doors.front import Front
+    from oc_prefix_cache.doors.proxy import Proxy
     from oc_prefix_cache.doors.proxy_server import ProxyServer
+    from oc_prefix_cache.doors.router import RouterProxy
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,7 @@ def run(
     on_wait: Callable[[float], None],
     on_ready: Callable[[], None],
     load_timeout: float = 900.0,
+    listen: tuple[str, int] | None = None,
 ) -> int:
     """Start both, wait for a signal or the server's exit, stop both. Returns an exit code."""
     from oc_prefix_cache.disk.privacy import tighten_at_start
@@ -238,6 +242,7 @@ def run(
     )
     daemon: Daemon | None = None
     proxy: ProxyServer | None = None
+    door: ProxyServer | None = None
     try:
         with launch_lock(settings, port):
             private_dir(settings.slot_dir)  # 0700: the slot files' only guard from a server ocpc did not start
@@ -259,6 +264,9 @@ def run(
                 warm_in_background(daemon.engine, say=say)
             proxy = start_proxy(settings, daemon, say=say, routed=routed)
             said_proxy = f", ocpc proxy on {proxy.url}" if proxy else ""
+            if listen is not None:
+                door = start_network_door(settings, daemon, listen, beside=proxy.proxy if proxy else None)
+                said_proxy += f", the box's network door on {door.url} (the deployment's token required)"
             say(f"ready: llama-server pid {server.pid}, ocpc daemon on {daemon.url}{said_proxy}; Ctrl-C stops all")
             while not stop.wait(0.5):
                 if not server.alive():
@@ -269,8 +277,9 @@ def run(
                 park_before_stop(daemon.engine, skip=hurry, say=say)
             return 0
     finally:
-        if proxy is not None:
-            proxy.stop()
+        for front in (door, proxy):
+            if front is not None:
+                front.stop()
         if daemon is not None:
             daemon.stop()
         server.stop()
@@ -351,6 +360,38 @@ def start_proxy(
         say(f"the ocpc proxy did not start: {exc}; llama-server and the daemon (OpenCode) go on without it")
         return None
     return proxy
+
+
+def start_network_door(
+    settings: Settings, daemon: Daemon, listen: tuple[str, int], *, beside: Proxy | RouterProxy | Front | None
+) -> ProxyServer:
+    """The box's door for a gateway (many boxes, docs/scale.md): the proxy on the daemon's Engine,
+    on ``listen``, serving the agents' API to requests with the deployment's token and nothing else
+    (doors/guard.py). Unlike the loopback proxy it is not optional: a box told to listen that
+    cannot is an error, not a box that silently serves nobody."""
+    from oc_prefix_cache.doors.proxy import NetworkDoor, Proxy
+    from oc_prefix_cache.doors.proxy_server import ProxyServer
+    from oc_prefix_cache.doors.token import TokenFile
+
+    host, port = listen
+    network = NetworkDoor(host=host, tokens=TokenFile(settings.token_path))
+    peer = beside if isinstance(beside, Proxy) else None
+    door = ProxyServer(
+        Proxy(settings=settings, engine=daemon.engine, network=network, beside=peer), host=host, port=port
+    )
+    door.start()
+    return door
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as given to ``--listen``; ``ConfigError`` otherwise."""
+    host, colon, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"--listen {value!r}: give HOST:PORT, the address this box's door listens on (e.g. 10.0.0.5:8766)"
+        )
+    return host, int(port)
 
 
 def _write_runtime(settings: Settings, port: int, pid: int | None, binary: Path, argv: list[str], url: str) -> None:

@@ -9,18 +9,23 @@ Two longer prefixes sit on top of a harness's head:
   last prompt's messages (before the generation prompt), so its next request strictly
   extends it. One file per conversation; parking again replaces it.
 
-Both are filed under the server's identity (``fingerprint.server_key``: model files, build,
-template, n_ctx, KV flags, adapters): llama-server restores a same-shape file from other
+Both are filed under the server's identity (``fingerprint.server_key``: the model's content,
+build, template, n_ctx, KV flags, adapters): llama-server restores a same-shape file from other
 weights silently, so a file is only ever looked up under the identity it was made with.
 A request finds its park by session id when its harness sends one, else as the longest
 parked message chain its own messages extend. Pure: the index is read elsewhere.
+
+Parks made before identities were by content are filed under FORMAT 3's key
+(``fingerprint.legacy_server_key``): a request that finds none under its own looks there, and
+adopts what it finds (``adopted_park_key``, ``adopted_entry``; engine/ondisk.py links the file)
+under the key its conversation parks under now, so its next park replaces it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oc_prefix_cache.chat.conversation import text_digest
 from oc_prefix_cache.disk.index import Entry, Index, chain_digest, prefix_digests
@@ -43,6 +48,26 @@ def park_key(*, identity: str, conversation: str) -> str:
 
 def project_key(*, identity: str, head: str, project_text: str) -> str:
     return text_digest(f"proj\x00{identity}\x00{head}\x00{project_text}")
+
+
+def adopted_park_key(*, identity: str, conversation: str, old: str) -> str:
+    """The key a park made under another identity takes under ``identity``: the one its
+    conversation parks under there (``park_key``), so parking it again replaces it; a park
+    without a conversation's name (ocpc before 0.2) keeps a key of its own."""
+    return park_key(identity=identity, conversation=conversation or old)
+
+
+def adopted_entry(entry: Entry, *, file: str, identity: str, head: str) -> Entry:
+    """``entry`` under a new name: the same file's contents (so its size, tokens and digest),
+    filed under ``identity`` (parks, project heads; "" for a head) over head ``head``."""
+    return replace(
+        entry,
+        file=file,
+        identity=identity if entry.kind != "head" else entry.identity,
+        head=head,
+        chain=list(entry.chain),
+        extra=dict(entry.extra),
+    )
 
 
 def park_entry(

@@ -38,10 +38,11 @@ log = logging.getLogger("ocpc.privacy")
 
 OPEN_TO_OTHERS = 0o077  # any group or other bit: read, write or search
 
-#: ocpc's files directly in its home: the index and its lock, the install records, a launch's
-#: lock and runtime file, the slot locks, and write_atomic's temp names (``.NAME.XXXX.tmp``).
+#: ocpc's files directly in its home: the index and its lock, the install records, the self-tests,
+#: the file digests (disk/content_digest.py), a launch's lock and runtime file, the slot locks,
+#: and write_atomic's temp names (``.NAME.XXXX.tmp``).
 _HOME_FILE = re.compile(
-    r"index\.json|index\.lock|install\.json|capabilities\.json|launch-\d+\.lock|server-\d+\.json"
+    r"index\.json|index\.lock|install\.json|capabilities\.json|digests\.json|launch-\d+\.lock|server-\d+\.json"
     r"|slot-[0-9a-f]+\.lock|\..+\.tmp"
 )
 #: logging's rotations (.1, .2), the event log and its old generation, the plugin's log.

@@ -20,6 +20,13 @@ for all of them by the same rules, from the two headers a browser cannot leave o
 * **everything else** (the web UI, ``/props``, ``/health``, ``/v1/models``, ``/tokenize``):
   passed through untouched, as llama-server would answer it.
 
+* **a box's network door** (``ocpc launch --listen``, many boxes: docs/scale.md) serves the agents'
+  API and nothing else, to requests that carry the deployment's token (``Authorization: Bearer``,
+  doors/token.py), with 401 to those that do not; ``GET /health`` answers without it (the gateway's
+  probe, which says nothing). ocpc's own routes, the slot API and the rest of llama-server's routes
+  stay on loopback: 403 there. The token is required because the door was told to listen on a
+  network, whatever its address: a door on 127.0.0.2 asks for it exactly as one on a LAN does.
+
 Pure: no I/O. The doors map a refusal to their own answer; tests/unit/doors/test_guard.py walks every
 route each door declares (``DAEMON_ROUTES``, ``PROXY_ROUTES``) with a foreign ``Origin`` and a
 foreign ``Host``.
@@ -27,10 +34,13 @@ foreign ``Host``.
 
 from __future__ import annotations
 
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+
+from oc_prefix_cache.doors.token import bearer
 
 #: The names a loopback door answers to (``Host`` without its port).
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -41,6 +51,7 @@ class Route(Enum):
     CONTROL = "server-control"  # llama-server's slot, model and adapter control, through a door
     API = "agents-api"  # the agents' API: forwarded from anyone, prepared only for local programs
     PASS = "pass-through"  # the rest of llama-server's routes: untouched
+    PROBE = "probe"  # a network door's health probe: answered without the token
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,17 @@ PROXY_ROUTES: tuple[RouteRule, ...] = (
 )
 
 
+#: Every route of a box's network door: the agents' API (with the token), a probe, and nothing else.
+NETWORK_ROUTES: tuple[RouteRule, ...] = (
+    RouteRule("GET", "/health", Route.PROBE, "/health"),
+    RouteRule("GET", "/(v1/)?models", Route.API, "/v1/models"),
+    RouteRule("POST", "/(v1/)?(chat/completions|messages|responses|completions)", Route.API, "/v1/chat/completions"),
+    RouteRule("*", "/ocpc(/.*)?", Route.OWN, "/ocpc/status"),
+    RouteRule("*", "/slots(/.*)?", Route.CONTROL, "/slots/0"),
+    RouteRule("*", ".*", Route.PASS, "/props"),
+)
+
+
 def route_of(rules: tuple[RouteRule, ...], method: str, path: str) -> Route:
     """The kind of ``method path`` (query left out) under a door's rules: the first that matches."""
     bare = path.split("?", 1)[0]
@@ -109,10 +131,15 @@ class Guard:
 
     hosts: frozenset[str] = LOOPBACK_NAMES
     own_origins: frozenset[str] = field(default_factory=frozenset)
+    #: a network door's accepted tokens (doors/token.py); None: a loopback door, which asks for none.
+    #: An empty set (the token file became unreadable) refuses everyone.
+    tokens: frozenset[str] | None = None
 
     def judge(self, kind: Route, headers: Mapping[str, str]) -> Refusal | None:
         """None when ``headers`` (lower-cased names) may use a route of this kind; else why not."""
-        if kind in (Route.API, Route.PASS):
+        if self.tokens is not None:
+            return self._judge_network(kind, headers)
+        if kind in (Route.API, Route.PASS, Route.PROBE):
             return None
         origin = headers.get("origin")
         if origin is not None and (kind is Route.OWN or origin.rstrip("/") not in self.own_origins):
@@ -123,6 +150,28 @@ class Guard:
         name = host_name(headers.get("host"))
         if name not in self.hosts:
             return Refusal(403, f"Host {name!r} is not a name of this door ({', '.join(sorted(self.hosts))})")
+        return None
+
+    def _judge_network(self, kind: Route, headers: Mapping[str, str]) -> Refusal | None:
+        if kind is Route.PROBE:
+            return None
+        if kind is not Route.API:
+            return Refusal(
+                403,
+                "only the agents' API is served on a box's network door; "
+                "ocpc's and the server's other routes stay on loopback",
+            )
+        name = host_name(headers.get("host"))
+        if name not in self.hosts:
+            return Refusal(403, f"Host {name!r} is not a name of this door ({', '.join(sorted(self.hosts))})")
+        given = bearer(headers)
+        # each accepted token compared in constant time: the answer's timing tells nothing
+        if given is None or not any([hmac.compare_digest(given.encode(), t.encode()) for t in self.tokens or ()]):
+            return Refusal(
+                401,
+                "this box's door asks for the deployment's token (Authorization: Bearer, the file `ocpc token` "
+                "writes); send it through `ocpc gateway`, or with smg's --api-key",
+            )
         return None
 
     def foreign(self, headers: Mapping[str, str]) -> str:

@@ -35,22 +35,20 @@ import json
 import logging
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from oc_prefix_cache import __version__
 from oc_prefix_cache.chat import responses
-from oc_prefix_cache.chat.anthropic import StreamTranslator, to_chat, upstream_bytes
+from oc_prefix_cache.chat.anthropic import to_chat, upstream_bytes
 from oc_prefix_cache.chat.conversation import ConversationKey
 from oc_prefix_cache.chat.head import MAX_BODY_BYTES, Head, Skip, continuing
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
+from oc_prefix_cache.doors.forward import Bounds, Counters, Forwarder
+from oc_prefix_cache.doors.guard import NETWORK_ROUTES, PROXY_ROUTES, Guard, Route, route_of
 from oc_prefix_cache.doors.relay import (
-    HOP_BY_HOP,
     Learned,
     Receive,
     Scope,
@@ -62,30 +60,22 @@ from oc_prefix_cache.doors.relay import (
     path_of,
     read_body,
     rest,
-    translated_whole,
     upstream_headers,
 )
-from oc_prefix_cache.doors.upstream import Answer, Upstream
+from oc_prefix_cache.doors.token import TokenFile
 from oc_prefix_cache.engine.broker import Ask, Claim, SlotBroker, head_key, returning
 from oc_prefix_cache.engine.prepare import PrepareResult
 from oc_prefix_cache.engine.tracker import SlotTracker
 from oc_prefix_cache.engine.wiring import Engine
-from oc_prefix_cache.errors import ClientGone, OcpcError, TranslationError, UpstreamError, UpstreamStale
+from oc_prefix_cache.errors import ClientGone, TranslationError
 from oc_prefix_cache.harness import (
     Adapter,
-    AiderAdapter,
-    ClaudeCodeAdapter,
-    ClineAdapter,
-    CodexAdapter,
-    GenericAdapter,
     Incoming,
-    KiloCodeAdapter,
-    OpenCodeAdapter,
-    OpenHandsAdapter,
-    PiAdapter,
-    QwenCodeAdapter,
+    door_adapters,
     select,
 )
+from oc_prefix_cache.harness.routing_key import HEADER as ROUTING_HEADER
+from oc_prefix_cache.harness.routing_key import routed_adapter
 from oc_prefix_cache.settings import ADAPTER_NAMES, Settings
 
 log = logging.getLogger("ocpc.proxy")
@@ -97,22 +87,9 @@ API_PATHS = {
     "/v1/responses": "responses",
     "/responses": "responses",
 }
-TAIL_BYTES = 64 * 1024  # the end of an answer, kept to read its timings from
 #: An Anthropic body too big to prepare is still read whole up to this, to forward it normalised
 #: (Claude Code's in-message system entries make b11434 answer HTTP 500 on some templates).
 MAX_NORMALISED_BYTES = 64 * 2**20
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bounds:
-    """How long the proxy waits for each step; no bound on a whole generation."""
-
-    connect_s: float = 5.0  # llama-server is local: a refused or silent connect is quick to tell
-    headers_s: float = 1800.0  # the server answers after processing the prompt: long prompts take minutes
-    chunk_gap_s: float = 600.0  # between two chunks of an answer (a long prompt mid-stream, a tool call)
-    prepare_s: float = 240.0  # the prepare and the wait for a held slot (then the request goes on anyway)
-    slots_ttl_s: float = 30.0  # how long the server's slot count is trusted
-    client_stall_s: float = 60.0  # a client that reads nothing this long (a Ctrl-Z'd agent) gives its slot up
 
 
 @dataclass
@@ -158,18 +135,13 @@ class _Request:
     head_key: str  # the head's cheap key ("" when not cut)
 
 
-@dataclass
-class _Counters:
-    counts: Counter[str] = field(default_factory=Counter)
-    guard: threading.Lock = field(default_factory=threading.Lock)
+@dataclass(frozen=True)
+class NetworkDoor:
+    """A box's door beyond loopback (``ocpc launch --listen``): the address it answers to, and the
+    deployment's token it asks of every request (doors/guard.py says what it serves)."""
 
-    def add(self, key: str) -> None:
-        with self.guard:
-            self.counts[key] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self.guard:
-            return dict(sorted(self.counts.items()))
+    host: str
+    tokens: TokenFile
 
 
 class Proxy:
@@ -183,7 +155,11 @@ class Proxy:
         bounds: Bounds | None = None,
         own_origins: frozenset[str] = frozenset(),
         workers: int = 32,
+        network: NetworkDoor | None = None,
+        beside: Proxy | None = None,
     ) -> None:
+        """``beside``: the loopback proxy of the same box, when this is its network door: both count
+        and list their requests in one place (its ``/ocpc/status``, since this door serves none)."""
         self.settings = settings
         self.engine = engine
         self.server = engine.server
@@ -191,29 +167,18 @@ class Proxy:
         self.bounds = bounds or Bounds()
         self.own_origins = own_origins  # the proxy's own URL(s): the server's web UI through the proxy
         self.broker: SlotBroker = engine.broker  # shared with the daemon's front door
-        self.counters = _Counters()
+        self.counters: Counters = beside.counters if beside is not None else Counters()
         # Two pools: prepares may wait minutes for a held slot; the reports and releases that free
         # those slots must never queue behind them (one pool, all workers waiting: a deadlock until
         # the deadlines ran out)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ocpc-prepare")
         self._releases = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ocpc-release")
-        self._client: Upstream | None = None
-        # OpenCode's head rule and the generic one take the operator's markers, as the plugin's path does
-        off = settings.normalisations_off
-        self._adapters = (
-            OpenCodeAdapter(markers=settings.markers),
-            ClaudeCodeAdapter(off=off),
-            PiAdapter(),
-            CodexAdapter(off=off),
-            QwenCodeAdapter(),
-            KiloCodeAdapter(),
-            AiderAdapter(),
-            ClineAdapter(),
-            OpenHandsAdapter(),
-        )
-        self._generic = GenericAdapter(markers=settings.markers)
-        self._recent: deque[dict[str, Any]] = deque(maxlen=64)  # the last requests, for status and tests
-        self._recent_guard = threading.Lock()
+        self.forward = Forwarder(server=self.server, bounds=self.bounds, counters=self.counters)
+        self._adapters, self._generic = door_adapters(markers=settings.markers, off=settings.normalisations_off)
+        self.network = network
+        # the last requests, for status and tests
+        self._recent: deque[dict[str, Any]] = beside._recent if beside is not None else deque(maxlen=64)
+        self._recent_guard: threading.Lock = beside._recent_guard if beside is not None else threading.Lock()
 
     # -- ASGI ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -224,45 +189,44 @@ class Proxy:
             return
         headers = headers_of(scope)
         self.counters.add("requests")
-        kind = route_of(PROXY_ROUTES, scope["method"], scope["path"])
+        kind = route_of(NETWORK_ROUTES if self.network else PROXY_ROUTES, scope["method"], scope["path"])
         refusal = self.guard.judge(kind, headers)
+        if refusal is None and self.network is not None:
+            headers.pop("authorization", None)  # the deployment's token is ours: llama-server never sees it
         try:
             if refusal is not None:
                 self.counters.add(f"refused:{kind.value}")
-                await self._json_answer(send, refusal.status, {"error": refusal.reason})
+                challenge = ((b"www-authenticate", b'Bearer realm="ocpc"'),) if refusal.status == 401 else ()
+                await self.forward.json_answer(send, refusal.status, {"error": refusal.reason}, extra=challenge)
             elif kind is Route.OWN:
                 await self._own(scope, send)
             elif kind is Route.API and scope["method"] == "POST" and scope["path"] in API_PATHS:
                 await self._api(scope, receive, send, api=API_PATHS[scope["path"]], headers=headers)
             else:
                 self.counters.add("passed_through")
-                await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=None)
+                await self.forward.relay(scope, receive, send, headers=headers, path=path_of(scope), body=None)
         except ClientGone:
             self.counters.add("client_disconnected")
 
     @property
     def guard(self) -> Guard:
-        """This door's guard (doors/guard.py): its own origins are known once its server is bound."""
+        """This door's guard (doors/guard.py): its own origins are known once its server is bound; a
+        network door's names are its address, and its tokens are read as they are now (a rotation
+        needs no restart)."""
+        if self.network is not None:
+            return Guard(
+                hosts=frozenset({self.network.host}), own_origins=frozenset(), tokens=self.network.tokens.accepted()
+            )
         return Guard(own_origins=self.own_origins)
 
     async def _own(self, scope: Scope, send: Send) -> None:
         """ocpc's own routes (the guard let the request through)."""
         if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
-            await self._json_answer(send, 200, self.status())
+            await self.forward.json_answer(send, 200, self.status())
         else:
-            await self._json_answer(send, 404, {"error": f"no such ocpc route: {scope['method']} {scope['path']}"})
-
-    async def _json_answer(self, send: Send, status: int, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload).encode()
-        await self._send_within(
-            send,
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            },
-        )
-        await self._send_within(send, _body(body, more=False))
+            await self.forward.json_answer(
+                send, 404, {"error": f"no such ocpc route: {scope['method']} {scope['path']}"}
+            )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -275,9 +239,7 @@ class Proxy:
                 return
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.forward.aclose()
 
     def close(self) -> None:
         """After the server stopped: the worker threads and the blocking client."""
@@ -317,12 +279,12 @@ class Proxy:
                 if complete
                 else rest(raw, receive)
             )  # a parse of up to 64 MiB: off the event loop
-            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=body)
+            await self.forward.relay(scope, receive, send, headers=headers, path=path_of(scope), body=body)
             return
         refusal = self.guard.foreign(headers)  # a web page's request goes on, never prepared
         if refusal:
             self.counters.add(f"not_prepared:{refusal}")
-            await self._relay(scope, receive, send, headers=headers, path=path_of(scope), body=raw)
+            await self.forward.relay(scope, receive, send, headers=headers, path=path_of(scope), body=raw)
             return
         # What this request takes (a slot, its hold) is given back in the ``finally`` below, which
         # spans the whole request: from the take to the last byte sent, or to the error.
@@ -481,6 +443,9 @@ class Proxy:
     def _adapter_for(self, api: str, headers: dict[str, str], data: dict[str, Any]) -> tuple[Incoming, Adapter]:
         """The request as the adapters see it, and the one that recognises it (else the generic)."""
         incoming = Incoming(api=api, headers=headers, body=data)
+        routed = routed_adapter(headers.get(ROUTING_HEADER), (*self._adapters, self._generic))
+        if routed is not None:  # keyed by ocpc's front before a gateway: the key it sent names the conversation
+            return incoming, routed
         return incoming, select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
 
     def _unprepared(self, api: str, headers: dict[str, str], raw: bytes) -> bytes:
@@ -563,6 +528,7 @@ class Proxy:
                     "prefix_tokens": result.prefix_tokens if result else None,
                     "reason": (result.reason if result else plan.why_not)[:200],
                     "ready_ms": round(plan.ready_ms, 3),
+                    "door": "network" if self.network is not None else "loopback",
                     "cache_n": learned.cache_n if learned else None,
                     "prompt_n": learned.prompt_n if learned else None,
                 }
@@ -598,7 +564,7 @@ class Proxy:
         watcher = Watcher(receive)
         try:
             learned = await watcher.run(
-                self._stream(scope, send, method="POST", path=plan.path, headers=sent, body=plan.body, plan=plan)
+                self.forward.stream(scope, send, method="POST", path=plan.path, headers=sent, body=plan.body, plan=plan)
             )
             if learned is None and watcher.gone and plan.answered:  # it left after (part of) a 200 answer
                 learned = learn(bytes(plan.tail))
@@ -606,174 +572,6 @@ class Proxy:
         finally:
             if watcher.gone:
                 self.counters.add("client_disconnected")
-
-    async def _relay(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        *,
-        headers: dict[str, str],
-        path: str,
-        body: bytes | AsyncIterator[bytes] | None,
-    ) -> None:
-        """Pass a request through unchanged (its body as read so far, or the rest as it comes)."""
-        if body is None:
-            raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
-            body = raw if complete else rest(raw, receive)
-        streamed = not isinstance(body, bytes)
-        watcher = Watcher(receive, after=streamed)
-        if streamed:
-            body = watcher.track(body)  # type: ignore[arg-type]
-        try:
-            await watcher.run(
-                self._stream(
-                    scope,
-                    send,
-                    method=scope["method"],
-                    path=path,
-                    headers=upstream_headers(headers, identity=False),
-                    body=body,
-                    plan=None,
-                )
-            )
-        finally:
-            if watcher.gone:
-                self.counters.add("client_disconnected")
-
-    async def _stream(
-        self,
-        scope: Scope,
-        send: Send,
-        *,
-        method: str,
-        path: str,
-        headers: dict[str, str],
-        body: bytes | AsyncIterator[bytes],
-        plan: Plan | None,
-    ) -> Learned | None:
-        upstream = self._http()
-        sent = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        for attempt in (1, 2):
-            try:
-                async with asyncio.timeout(self.bounds.headers_s):
-                    response = await upstream.send(method, path, headers=sent, body=body)
-                break
-            except UpstreamStale as exc:  # a kept-alive connection the server had closed
-                if attempt == 1 and isinstance(body, bytes):
-                    log.info("llama-server closed an idle connection as it was reused (%s); sending again", exc)
-                    continue
-                await self._upstream_failed(send, exc)
-                return None
-            except (UpstreamError, TimeoutError) as exc:
-                await self._upstream_failed(send, exc)
-                return None
-        try:
-            return await self._answer(send, response, plan)
-        finally:
-            await response.aclose()
-
-    async def _answer(self, send: Send, response: Answer, plan: Plan | None) -> Learned | None:
-        translate = plan is not None and plan.translate and response.status_code == 200
-        dropped = HOP_BY_HOP - {"content-length"} | ({"content-type", "content-length"} if translate else set())
-        out_headers = [(k, v) for k, v in response.headers if k.decode("latin-1").lower() not in dropped]
-        if translate:
-            kind = b"text/event-stream" if plan and plan.stream else b"application/json; charset=utf-8"
-            out_headers.append((b"content-type", kind))
-        await self._send_within(
-            send, {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
-        )
-        translator = StreamTranslator() if translate and plan and plan.stream else None
-        whole = translate and not (plan and plan.stream)
-        tail = plan.tail if plan is not None else bytearray()
-        if plan is not None:
-            plan.answered = response.status_code == 200
-        chunks = response.chunks()
-        while True:
-            try:
-                async with asyncio.timeout(self.bounds.chunk_gap_s):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except (UpstreamError, TimeoutError) as exc:
-                self.counters.add("upstream_failed:mid_answer")
-                log.warning("upstream answer broke off (%s: %s)", type(exc).__name__, exc)
-                if translator is not None:
-                    await self._send_within(send, _body(translator.close(), more=True))
-                break
-            if plan is not None:
-                tail += chunk
-                if len(tail) > 2 * TAIL_BYTES and not whole:
-                    del tail[:-TAIL_BYTES]
-            if whole:
-                continue
-            if translator is not None:
-                chunk = translator.feed(chunk)
-                if not chunk:
-                    continue
-            await self._send_within(send, _body(chunk, more=True))
-            await asyncio.sleep(0)  # let a lost connection be noticed before the next write
-        last = b""
-        if translator is not None:
-            last = translator.close()
-        elif whole:
-            last = translated_whole(bytes(tail))
-        await self._send_within(send, _body(last, more=False))
-        return learn(bytes(tail)) if plan is not None and response.status_code == 200 else None
-
-    async def _send_within(self, send: Send, message: dict[str, Any]) -> None:
-        """One message to the client, bounded: uvicorn's ``send`` waits while the client's socket is
-        full, and a client that stopped reading would hold its slot (and every request routed
-        there) for ever. Every send of an answer goes through here, the first and the last
-        included (an unbounded last send once let a client that stalled just then keep its slot).
-        Past the bound the answer is cut and the upstream request cancelled."""
-        try:
-            async with asyncio.timeout(self.bounds.client_stall_s):
-                await send(message)
-        except TimeoutError:
-            self.counters.add("client_stalled")
-            log.warning(
-                "the client read nothing for %g s; its answer is cut and its slot freed", self.bounds.client_stall_s
-            )
-            raise ClientGone() from None
-
-    async def _upstream_failed(self, send: Send, exc: BaseException) -> None:
-        """The server is down, refused or did not answer in time: say so, as a gateway does."""
-        timeout = isinstance(exc, TimeoutError)
-        status = 504 if timeout else 502
-        self.counters.add("upstream_failed:timeout" if timeout else "upstream_failed:unreachable")
-        what = (
-            f"llama-server at {self.server} did not answer within {self.bounds.headers_s:g} s"
-            if timeout
-            else f"cannot reach llama-server at {self.server}: {type(exc).__name__}: {exc}"
-        )
-        log.warning("%s", what)
-        body = json.dumps(
-            {
-                "error": {
-                    "code": status,
-                    "type": "proxy_error",
-                    "message": f"ocpc proxy: {what}; is it running? (`ocpc status`)",
-                }
-            }
-        ).encode()
-        await self._send_within(
-            send,
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            },
-        )
-        await self._send_within(send, _body(body, more=False))
-
-    def _http(self) -> Upstream:
-        if self._client is None:
-            parts = urlsplit(self.server)
-            if parts.scheme != "http" or not parts.hostname:
-                raise OcpcError(f"the proxy forwards to a plain http llama-server on this machine, not {self.server}")
-            self._client = Upstream(parts.hostname, parts.port or 80, connect_s=self.bounds.connect_s)
-        return self._client
 
 
 async def _until_disconnect(receive: Receive, gone: threading.Event) -> None:
@@ -784,10 +582,6 @@ async def _until_disconnect(receive: Receive, gone: threading.Event) -> None:
         if message["type"] == "http.disconnect":
             gone.set()
             return
-
-
-def _body(chunk: bytes, *, more: bool) -> dict[str, Any]:
-    return {"type": "http.response.body", "body": chunk, "more_body": more}
 
 
 def _with_slot(raw: bytes, slot: int | None) -> bytes:

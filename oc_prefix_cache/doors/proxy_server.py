@@ -9,6 +9,7 @@ import threading
 import time
 
 from oc_prefix_cache import __version__
+from oc_prefix_cache.doors.front import Front
 from oc_prefix_cache.doors.proxy import Proxy
 from oc_prefix_cache.doors.router import RouterProxy, is_router
 from oc_prefix_cache.engine.wiring import engine_for_url
@@ -37,13 +38,19 @@ class ProxyServer:
     """uvicorn serving a ``Proxy`` on a socket bound here (so a port in use is a clear error)."""
 
     def __init__(
-        self, proxy: Proxy | RouterProxy, *, host: str = "127.0.0.1", port: int | None = None, watch: bool = False
+        self,
+        proxy: Proxy | RouterProxy | Front,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        watch: bool = False,
     ) -> None:
         """``watch``: run the engine's between-requests watch (restarts, usage written to the index)
         every second, as the daemon does; for a proxy that runs without the daemon's."""
         import uvicorn
 
-        if host not in LOOPBACK_HOSTS:
+        network = isinstance(proxy, Proxy) and proxy.network is not None
+        if host not in LOOPBACK_HOSTS and not network:  # a network door asks for the token (doors/token.py)
             raise ConfigError(f"--host {host!r}: the proxy listens on loopback only ({sorted(LOOPBACK_HOSTS)})")
         port = proxy.settings.proxy_port if port is None else port
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -62,7 +69,8 @@ class ProxyServer:
         self.socket.listen(512)
         bound = self.socket.getsockname()[1]
         self.url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
-        proxy.own_origins = proxy.own_origins | {self.url, f"http://localhost:{bound}"}
+        if not network:  # a network door has no web UI of its own: no origin is its own
+            proxy.own_origins = proxy.own_origins | {self.url, f"http://localhost:{bound}"}
         self.proxy = proxy
         config = uvicorn.Config(
             proxy,
@@ -76,12 +84,16 @@ class ProxyServer:
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="ocpc-proxy-watch", daemon=True) if watch else None
+        self._watcher = (
+            threading.Thread(target=self._watch, args=(proxy,), name="ocpc-proxy-watch", daemon=True)
+            if watch and not isinstance(proxy, Front)
+            else None
+        )
 
-    def _watch(self) -> None:
+    def _watch(self, proxy: Proxy | RouterProxy) -> None:
         while not self._stopping.wait(1.0):
             try:
-                self.proxy.engine.watch()
+                proxy.engine.watch()
             except Exception:  # the watcher must outlive any surprise
                 log.exception("the engine's watch failed; trying again")
 
@@ -94,7 +106,7 @@ class ProxyServer:
         finally:
             self._stopping.set()
             self.proxy.close()
-            if self._watcher is not None:
+            if self._watcher is not None and not isinstance(self.proxy, Front):
                 self.proxy.engine.flush_usage()
 
     def start(self) -> None:

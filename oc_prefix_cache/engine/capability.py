@@ -6,8 +6,9 @@ a server binary and model, ocpc runs a short self-test on the live server before
 warm on it (a 12 s prefill on b10502 once bought a head that could not be kept): it evaluates a
 few dozen tokens of the request's own head in the slot the prepare holds, saves them, reads the
 file's header, restores it, and evaluates one more token after them. The result is kept, per
-server binary and model file (``fingerprint.server_key``: any change to either, or to the KV
-flags, is another key), in ``capabilities.json`` beside the index:
+server binary and model (``fingerprint.server_key``: their content, so a change to either, or to
+the KV flags, is another key, and a copy of them elsewhere the same one), in ``capabilities.json``
+beside the index (a result kept under the key of ocpc before FORMAT 4 is taken over: ``adopt``):
 
 * the file's **version** and whether this ocpc knows its layout (disk/slotfile.py);
 * whether the header **parses** and holds exactly the tokens saved;
@@ -27,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ FILE_VERSION = 1
 class Capability:
     """What one server binary and model did with a slot file of its own."""
 
-    key: str  # the server binary, model file and KV flags it was measured for (fingerprint.server_key)
+    key: str  # the server binary, model and KV flags it was measured for (fingerprint.server_key)
     build: str  # what the server says of itself (build_info, and the binary when known)
     model: str
     version: int | None  # the slot-file version it writes (None: its file did not parse)
@@ -191,6 +192,19 @@ class Capabilities:
             with self._guard:
                 self._memory[key] = found
         return found
+
+    def adopt(self, key: str, legacy: str) -> Capability | None:
+        """The result under ``key``, else the one kept under ``legacy`` (the same binary and model
+        under FORMAT 3's key: ocpc before the upgrade measured it), kept under ``key`` from now on."""
+        found = self.get(key)
+        if found is not None or legacy == key:
+            return found
+        old = self.get(legacy)
+        if old is None:
+            return None
+        adopted = replace(old, key=key)
+        self.put(adopted)
+        return adopted
 
     def put(self, capability: Capability, *, keep: bool = True) -> None:
         """Remember ``capability``; ``keep``: also on disk (its binary is known, so a change of

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from oc_prefix_cache import __version__
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.disk.index import Store, UsageLog, slot_key
 from oc_prefix_cache.disk.slotfile import read_header
@@ -97,7 +96,7 @@ class Lifecycle:
                         item["why"] = f"only {holding.n_tokens - holding.stored} tokens not in a file yet"
                     else:
                         server = self.view.identity(share)
-                        identity = server_key(server, ocpc_version=__version__)
+                        identity = server_key(server)
                         after = self.occupant.park(seen, slot, server=server, identity=identity, deadline=share)
                         item["parked"] = True
                         item["why"] = f"parked {after.holding.n_tokens if after.holding else 0} tokens"
@@ -134,7 +133,7 @@ class Lifecycle:
                         slot,
                         epoch=epoch,
                         server=server,
-                        identity=server_key(server, ocpc_version=__version__),
+                        identity=server_key(server),
                         deadline=deadline,
                         first=lambda tokens: self.ram.clear(slot, tokens, deadline=deadline),
                     )

@@ -21,7 +21,7 @@ from oc_prefix_cache.engine.tracker import Observation, Seen, SlotTracker
 from oc_prefix_cache.errors import OcpcError
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.families import CacheFacts
-from oc_prefix_cache.llama.fingerprint import ServerIdentity
+from oc_prefix_cache.llama.fingerprint import Digests, ServerIdentity
 from oc_prefix_cache.llama.server_info import LoraMemo, child_process, gather_identity, process_start, server_command
 
 log = logging.getLogger("ocpc.prepare")
@@ -31,7 +31,8 @@ class ServerView:
     """The looks at one server (thread-safe: its state lives in the shared ``SlotTracker``).
 
     ``read_slot``: one slot's ``/slots`` entry (``Executor.observe``); ``learn``: told each
-    identity's cache facts (the RAM tier learns what the server's RAM entries carry)."""
+    identity's cache facts (the RAM tier learns what the server's RAM entries carry); ``digests``:
+    the content digests of the server's files (disk/content_digest.py, given by engine/wiring.py)."""
 
     def __init__(
         self,
@@ -42,12 +43,14 @@ class ServerView:
         binary: Path | None,
         runtime: dict[str, Any] | None,
         learn: Callable[[CacheFacts], None],
+        digests: Digests | None = None,
     ) -> None:
         self.client = client
         self.server = client.server_id
         self.tracker = tracker
         self.lora = LoraMemo()  # the server's last LoRA answer, for a read that times out under load
         self._read_slot, self._binary, self._runtime, self._learn = read_slot, binary, runtime, learn
+        self._digests = digests
 
     def observe(self, slot: int, *, deadline: Deadline | None = None) -> Seen:
         """``GET /slots`` into the tracker, with the server process as a second restart witness
@@ -86,6 +89,7 @@ class ServerView:
             deadline=deadline,
             lora=self.lora,
             epoch=self.tracker.epoch(self.server),
+            digests=self._digests,
         )
         self._learn(server.cache)
         return server

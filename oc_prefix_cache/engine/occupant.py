@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oc_prefix_cache import __version__
 from oc_prefix_cache.deadline import Deadline
 from oc_prefix_cache.engine.decision import SlotFacts
 from oc_prefix_cache.engine.observer import ServerView
@@ -85,9 +84,7 @@ class Occupant:
     def park_with_identity(self, seen: Seen, slot: int, deadline: Deadline) -> Seen:
         """Park the slot's conversation (the park ahead's way: the server's identity read first)."""
         server = self.view.identity(deadline)
-        return self.parker.park(
-            seen, slot, server=server, identity=server_key(server, ocpc_version=__version__), deadline=deadline
-        )
+        return self.parker.park(seen, slot, server=server, identity=server_key(server), deadline=deadline)
 
     def park_for_side(self, slot: int, deadline: Deadline) -> str:
         """Before a request with no head (a title) runs over the slot's conversation, park it: it
@@ -108,9 +105,7 @@ class Occupant:
                 if self.ram.keeps_occupant(seen)[0]:
                     return "; the slot's conversation is whole in the server's RAM cache: not parked to disk"
                 parking = time.perf_counter()
-                after = self.park(
-                    seen, slot, server=server, identity=server_key(server, ocpc_version=__version__), deadline=deadline
-                )
+                after = self.park(seen, slot, server=server, identity=server_key(server), deadline=deadline)
         except OcpcError as exc:
             log.warning("could not park slot %d's conversation before a request without a head: %s", slot, exc)
             return f"; the slot's conversation could not be parked first ({exc})"

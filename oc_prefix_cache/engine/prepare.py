@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from oc_prefix_cache import __version__
 from oc_prefix_cache.chat.conversation import ConversationKey, Trail, follow, parse
 from oc_prefix_cache.chat.head import (
     MAX_BODY_BYTES,
@@ -37,11 +36,12 @@ from oc_prefix_cache.chat.head import (
     extends,
     from_parsed,
     harness_of,
+    locate_head,
     message_text,
 )
 from oc_prefix_cache.deadline import Deadline
-from oc_prefix_cache.disk.index import UsageLog, slot_key
-from oc_prefix_cache.disk.park_files import Park, find_park, project_key
+from oc_prefix_cache.disk.index import Index, UsageLog, slot_key
+from oc_prefix_cache.disk.park_files import Park, adopted_park_key, find_park, project_key
 from oc_prefix_cache.engine.capability import Capabilities, Capability, SelfTest
 from oc_prefix_cache.engine.decision import Action, FileState, RequestFacts, decide
 from oc_prefix_cache.engine.executor import Executor
@@ -54,6 +54,7 @@ from oc_prefix_cache.engine.ondisk import OnDisk
 from oc_prefix_cache.engine.park_ahead import AheadWriter, IdleSlots
 from oc_prefix_cache.engine.planner import HeadPlan, HeadPlanner
 from oc_prefix_cache.engine.ram_tier import RamTier, Where
+from oc_prefix_cache.engine.shared import SharedFiles
 from oc_prefix_cache.engine.slot_activity import SlotActivity
 from oc_prefix_cache.engine.standdown import StandDown
 from oc_prefix_cache.engine.telemetry import Telemetry
@@ -61,7 +62,13 @@ from oc_prefix_cache.engine.tracker import Holding, Seen, SlotTracker
 from oc_prefix_cache.errors import BadRequestBody, DeadlineExceeded, LockTimeout, OcpcError, StoodDown
 from oc_prefix_cache.harness.base import head_by_markers
 from oc_prefix_cache.llama.client import SlotClient
-from oc_prefix_cache.llama.fingerprint import ServerIdentity, server_key
+from oc_prefix_cache.llama.fingerprint import (
+    FingerprintInputs,
+    ServerIdentity,
+    legacy_fingerprint,
+    legacy_server_key,
+    server_key,
+)
 from oc_prefix_cache.settings import Settings
 
 log = logging.getLogger("ocpc.prepare")
@@ -139,6 +146,7 @@ class Preparer:
         selftest: SelfTest,
         activity: SlotActivity,
         telemetry: Telemetry,
+        shared: SharedFiles | None = None,
     ) -> None:
         self.settings, self.server, self.client, self.tracker, self.planner = settings, server, client, tracker, planner
         self.executor, self.view, self.disk, self.usage, self.records = executor, view, disk, usage, records
@@ -146,6 +154,7 @@ class Preparer:
         self.instances, self.standdown, self._declare = instances, standdown, declare
         self.capabilities, self.selftest, self.activity, self.telemetry = capabilities, selftest, activity, telemetry
         self._count = telemetry.count
+        self.shared = shared  # many boxes: another box's files, brought on a miss (engine/shared.py)
         self.capability: Capability | None = None  # this server's, once a prepare looked it up
 
     # -- public ------------------------------------------------------------------------
@@ -316,15 +325,15 @@ class Preparer:
         if conversation is None:
             key = ConversationKey.session(session) if session else ConversationKey.chain(parsed.digests)
             conversation = self.instances.name(key, raw, continuing=going_on)
-        if not server.model_files:
+        if not server.model_digest:
             raise OcpcError(
                 f"cannot read the model file llama-server names ({server.model_path or 'none'}); ocpc keys "
-                "the cache on its size and mtime, so run the daemon on the server's machine"
+                "the cache on its content, so run the daemon on the server's machine"
             )
         if server.cache.restores_serve:  # known from the model and the flags: stand down at once
             return self._stand_down(server.cache.restores_serve)
-        identity = server_key(server, ocpc_version=__version__)
-        capability = self.capability = self.capabilities.get(identity)
+        identity, legacy = server_key(server), legacy_server_key(server)
+        capability = self.capability = self.capabilities.adopt(identity, legacy)
         if capability is not None and not capability.usable:  # this binary and model failed the self-test
             return self._stand_down(f"{capability.reason}; {capability.advice()}")
         harness = harness_of(headers.get("user-agent", ""))
@@ -337,6 +346,15 @@ class Preparer:
             if going_on and index is not None
             else None
         )
+        old_park = (  # none under its own identity: one made before it (FORMAT 3's key), to adopt
+            find_park(index, identity=legacy, session=session, digests=parsed.digests)
+            if going_on and index is not None and park is None
+            else None
+        )
+        if going_on and self.shared is not None and old_park is None:  # moved here from another box?
+            park = self.shared.park(
+                identity=identity, session=session, digests=parsed.digests, local=park, deadline=deadline
+            )
         plan = self.planner.plan(
             self.client,
             body.data,
@@ -345,7 +363,7 @@ class Preparer:
             harness=harness,
             deadline=deadline,
             system_text=system,
-            longer=self.disk.known_park(park),
+            longer=self.disk.known_park(park or old_park),
         )
         project = (
             project_key(identity=identity, head=plan.fingerprint, project_text=plan.project_text)
@@ -353,6 +371,13 @@ class Preparer:
             else None
         )
         base = project_key(identity=identity, head=plan.fingerprint, project_text=plan.base_text) if plan.base else None
+        if index is not None:
+            adopted, any_adopted = self._adopt_legacy(index, server, head, plan, identity, legacy, old_park, deadline)
+            park = adopted or park
+            if any_adopted:  # the project heads' states read their entries
+                index = self.disk.index()
+        if self.shared is not None and self._bring_shared(index, plan.fingerprint, (project, base), deadline):
+            index = self.disk.index()
         return _Facts(
             server=server,
             identity=identity,
@@ -366,6 +391,87 @@ class Preparer:
             base=base,
             base_file=self.disk.project_state(index, base),
         )
+
+    def _bring_shared(
+        self, index: Index | None, fingerprint: str, projects: tuple[str | None, ...], deadline: Deadline
+    ) -> bool:
+        """The head and project heads this box has no file of, brought from another box's (the
+        shared store), to be restored behind the gates as its own; whether any was brought."""
+        assert self.shared is not None
+        brought = False
+        if self.disk.state("head", fingerprint) is FileState.MISSING and self.shared.head(
+            fingerprint, deadline=deadline
+        ):
+            self._count("shared:head")
+            brought = True
+        for key in projects:
+            if (
+                key
+                and self.disk.project_state(index, key) is FileState.MISSING
+                and self.shared.project(key, deadline=deadline)
+            ):
+                self._count("shared:proj")
+                brought = True
+        return brought
+
+    def _adopt_legacy(
+        self,
+        index: Index,
+        server: ServerIdentity,
+        head: Head,
+        plan: HeadPlan,
+        identity: str,
+        legacy: str,
+        old_park: Park | None,
+        deadline: Deadline,
+    ) -> tuple[Park | None, bool]:
+        """Files made by ocpc before identities were by content (FORMAT 3: model path and mtime,
+        binary path and mtime, ocpc's version) are found under their old names and adopted
+        (engine/ondisk.py): the request's head, its project heads, and its park (``old_park``, found
+        under the old key), each only where the new name has no file yet. Returns the adopted park,
+        and whether anything was adopted. What is adopted is restored behind the same gates as any
+        file; nothing is adopted twice."""
+        missing_head = self.disk.state("head", plan.fingerprint) is FileState.MISSING
+        levels = [text for text, cut in ((plan.project_text, plan.project), (plan.base_text, plan.base)) if cut]
+        wanted = [
+            text
+            for text in levels
+            if self.disk.project_state(index, project_key(identity=identity, head=plan.fingerprint, project_text=text))
+            is FileState.MISSING
+        ]
+        if not (missing_head or wanted or old_park):
+            return None, False
+        offset = locate_head(plan.prompt, head)
+        if offset is None:
+            return None, False
+        old_head = legacy_fingerprint(
+            FingerprintInputs(server=server, harness=plan.harness, head=head, rendered_head=plan.prompt[:offset])
+        )
+        timeout = max(0.05, min(1.0, deadline.remaining() / 4))
+        adopt = self.disk.adopt
+        any_adopted = False
+        if missing_head and adopt(
+            "head", old_head, plan.fingerprint, identity="", head=plan.fingerprint, timeout=timeout
+        ):
+            self._count("adopted:head")
+            any_adopted = True
+        for text in wanted:
+            old = project_key(identity=legacy, head=old_head, project_text=text)
+            new = project_key(identity=identity, head=plan.fingerprint, project_text=text)
+            if self.disk.project_state(index, old) is not FileState.MISSING and adopt(
+                "proj", old, new, identity=identity, head=plan.fingerprint, timeout=timeout
+            ):
+                self._count("adopted:proj")
+                any_adopted = True
+        if old_park is None:
+            return None, any_adopted
+        entry = index.entries.get(old_park.key)
+        new = adopted_park_key(identity=identity, conversation=entry.conversation if entry else "", old=old_park.key)
+        over = plan.fingerprint if old_park.head in (old_head, "") else old_park.head
+        if not adopt("conv", old_park.key, new, identity=identity, head=over, timeout=timeout):
+            return None, any_adopted
+        self._count("adopted:park")
+        return replace(old_park, key=new, head=over), True
 
     def _decide(self, facts: _Facts, seen: Seen, slot: int) -> tuple[Action, int]:
         """The decision on what the slot holds now; and what the RAM model says the server's RAM

@@ -16,6 +16,7 @@ from oc_prefix_cache.disk.index import UsageLog
 from oc_prefix_cache.engine.broker import SlotBroker
 from oc_prefix_cache.engine.observer import ServerView
 from oc_prefix_cache.engine.park_ahead import AheadWriter
+from oc_prefix_cache.engine.shared import SharedFiles
 from oc_prefix_cache.errors import OcpcError
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.settings import Settings
@@ -36,10 +37,11 @@ class Watch:
         ahead: AheadWriter,
         stood_down: Callable[[], str | None],
         count: Callable[[str], None],
+        shared: SharedFiles | None = None,
     ) -> None:
         self.settings, self.server, self.client, self.view = settings, server, client, view
         self.broker, self.usage, self.ahead = broker, usage, ahead
-        self.stood_down, self.count = stood_down, count
+        self.stood_down, self.count, self.shared = stood_down, count, shared
 
     def run(self) -> None:
         with self.client.background():
@@ -52,15 +54,22 @@ class Watch:
                 pass  # down or restarting: the next look tells
             self._reclaim_leases()
             if not self.stood_down():
-                self.ahead.run(threshold_s=self._ahead_threshold(), park_min=self.settings.park_min_tokens)
+                # with a shared store every turn is parked (what another box continues from)
+                park_min = 0 if self.shared is not None else self.settings.park_min_tokens
+                self.ahead.run(threshold_s=self._ahead_threshold(), park_min=park_min)
             if self.usage.due():
                 self.usage.flush_or_keep()
+            if self.shared is not None:
+                self.shared.publish_if_due()
 
     def _ahead_threshold(self) -> float | None:
         """How long a park must take to be written ahead. Behind a router, every park is: the
-        router unloads a model without a word, so a park left for the displacement is never made."""
+        router unloads a model without a word, so a park left for the displacement is never made.
+        With a shared store too: a box can die without a word, and its conversations continue on
+        another box from their last park."""
         threshold = self.settings.park_ahead_s
-        return 0.0 if threshold is not None and self.client.model is not None else threshold
+        always = self.client.model is not None or self.shared is not None
+        return 0.0 if threshold is not None and always else threshold
 
     def _reclaim_leases(self) -> None:
         """Slots lent to the plugin's requests whose report never came (an answer without timings,

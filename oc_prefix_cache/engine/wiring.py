@@ -32,9 +32,11 @@ from typing import Any
 
 from oc_prefix_cache.chat.conversation import ConversationKey
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.content_digest import shared as shared_digests
 from oc_prefix_cache.disk.events import EventLog
 from oc_prefix_cache.disk.gc import AfterSaves
 from oc_prefix_cache.disk.index import Store, UsageLog
+from oc_prefix_cache.disk.shared_store import SharedStore, box_id
 from oc_prefix_cache.engine.broker import SlotBroker
 from oc_prefix_cache.engine.capability import Capabilities, SelfTest
 from oc_prefix_cache.engine.executor import Executor
@@ -51,6 +53,7 @@ from oc_prefix_cache.engine.planner import HeadPlanner
 from oc_prefix_cache.engine.prepare import ACTIONS, HeadRule, Preparer, PrepareResult
 from oc_prefix_cache.engine.ram_tier import RamTier
 from oc_prefix_cache.engine.report import Reporter
+from oc_prefix_cache.engine.shared import SharedFiles
 from oc_prefix_cache.engine.slot_activity import SlotActivity
 from oc_prefix_cache.engine.standdown import Declarer, StandDown
 from oc_prefix_cache.engine.telemetry import Stats, Telemetry
@@ -120,6 +123,7 @@ class Engine:
     usage: UsageLog
     telemetry: Telemetry
     activity: SlotActivity
+    shared: SharedFiles | None = None  # many boxes: the store the boxes share (engine/shared.py)
 
     # -- a request -----------------------------------------------------------------
     def prepare(
@@ -184,8 +188,11 @@ class Engine:
         return self.lifecycle.park_live(deadline=deadline)
 
     def warm_start(self, *, deadline: Deadline, yielding: bool = False) -> list[str]:
-        """Restore into each idle slot the head or project head it held last (engine/lifecycle.py)."""
-        return self.lifecycle.warm_start(deadline=deadline, yielding=yielding)
+        """Bring the heads other boxes warmed (a shared store: engine/shared.py), then restore into
+        each idle slot the head or project head it held last (engine/lifecycle.py)."""
+        brought = self.shared.bring_heads() if self.shared is not None else []
+        said = [f"{len(brought)} heads brought from the shared store"] if brought else []
+        return said + self.lifecycle.warm_start(deadline=deadline, yielding=yielding)
 
     def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
         """Behind a router: warm the slots of a model just loaded or woken (engine/lifecycle.py)."""
@@ -222,6 +229,7 @@ class Engine:
             "stood_down": self.stood_down(),
             "capability": capability.to_json() if capability else None,
             "doing": self.activity.snapshot(),
+            "shared": dict(self.shared.counts) if self.shared is not None else None,
         }
 
 
@@ -267,7 +275,9 @@ def build_engine(
         binary=server_binary,
         runtime=runtime,
         learn=lambda cache: ram.learn(cache) if ram is not None else None,
+        digests=shared_digests(settings.home / "digests.json"),  # the model's and binary's content: read once
     )
+    shared = shared_files(settings, store)
     disk = OnDisk(slot_dir=settings.slot_dir, store=store, tracker=tracker, server=server)
     park_cap = None if settings.park_max_gb is None else round(settings.park_max_gb * 1e9)
     parker = Parker(client=client, planner=planner, executor=executor, tracker=tracker, park_max_bytes=park_cap)
@@ -355,6 +365,7 @@ def build_engine(
         selftest=SelfTest(client=client, slot_dir=settings.slot_dir, known=settings.slot_versions),
         activity=activity,
         telemetry=telemetry,
+        shared=shared,
     )
 
     def stood_down() -> str | None:
@@ -387,6 +398,7 @@ def build_engine(
         ahead=ahead,
         stood_down=stood_down,
         count=telemetry.count,
+        shared=shared,
     )
     return Engine(
         settings=settings,
@@ -410,7 +422,16 @@ def build_engine(
         usage=usage,
         telemetry=telemetry,
         activity=activity,
+        shared=shared,
     )
+
+
+def shared_files(settings: Settings, store: Store) -> SharedFiles | None:
+    """The shared store's use by this box, when the user gave one (OC_PREFIX_CACHE_SHARED_STORE)."""
+    if settings.shared_store is None:
+        return None
+    shared = SharedStore(settings.shared_store, box=box_id(settings.home), slot_dir=settings.slot_dir)
+    return SharedFiles(shared=shared, store=store)
 
 
 def engine_for_url(

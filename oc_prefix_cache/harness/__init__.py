@@ -34,6 +34,25 @@ DEFAULT_ADAPTERS: tuple[Adapter, ...] = (
 NAMES = frozenset(adapter.name for adapter in DEFAULT_ADAPTERS) | {"generic"}
 
 
+def door_adapters(*, markers: tuple[str, ...], off: frozenset[str]) -> tuple[tuple[Adapter, ...], Adapter]:
+    """The adapters a door reads requests with, in order, and its fallback: OpenCode's head rule and
+    the generic one take the operator's markers (as the plugin's path does), and the adapters that
+    normalise are told which normalisations are off. One list for the proxy and the gateway's
+    front, so both read a request alike."""
+    adapters: tuple[Adapter, ...] = (
+        OpenCodeAdapter(markers=markers),
+        ClaudeCodeAdapter(off=off),
+        PiAdapter(),
+        CodexAdapter(off=off),
+        QwenCodeAdapter(),
+        KiloCodeAdapter(),
+        AiderAdapter(),
+        ClineAdapter(),
+        OpenHandsAdapter(),
+    )
+    return adapters, GenericAdapter(markers=markers)
+
+
 def select(
     incoming: Incoming,
     *,
@@ -69,5 +88,6 @@ __all__ = [
     "OpenHandsAdapter",
     "PiAdapter",
     "QwenCodeAdapter",
+    "door_adapters",
     "select",
 ]

@@ -1,18 +1,27 @@
 """The fingerprint: one xxh64 over everything that can move the head's tokens or KV contents.
 
-If any input changes (the head as the template renders it, model file, server build,
-context size, the server flags that change what the KV cache holds, the active LoRA
-adapters, harness or ocpc version), the fingerprint changes and the next session pays one
-deliberate cold prefill. A stale file is never restored under a new configuration: the
-server cannot tell us a file is from another model of the same shapes, or was computed
-under another RoPE base or adapter (it restores it "successfully"), so identity is ours
-to record.
+If any input changes (the head as the template renders it, the model's bytes, the server
+build, context size, the server flags that change what the KV cache holds, the active LoRA
+adapters, the harness), the fingerprint changes and the next session pays one deliberate cold
+prefill. A stale file is never restored under a new configuration: the server cannot tell us a
+file is from another model of the same shapes, or was computed under another RoPE base or
+adapter (it restores it "successfully"), so identity is ours to record.
+
+Identity holds exactly what changes a slot file's meaning, and nothing of where it was made
+(FORMAT 4): the model, the server binary and every file a KV flag names are identified by their
+*content* (xxh3_128 of their bytes, ``Digests``: disk/content_digest.py keeps them), never by
+path, name or mtime. A copy of the model or of the server at another path, on another machine,
+keeps every park and head; one changed byte is another identity. ocpc's own version no longer
+counts either: what a file holds is the server's doing, and an upgrade that changed how ocpc
+cuts heads changes the rendered head, which counts. The inputs of FORMAT 3 (paths, sizes,
+mtimes, ocpc's version) are kept aside on ``ServerIdentity`` only to find files made before
+(``legacy_server_key``, ``legacy_fingerprint``): engine/prepare.py adopts them.
 
 The server flags that count are an allow-list (``KV_FLAGS``), read from llama.cpp's
 ``common/arg.cpp`` (b11434): a flag outside it (``--port``, ``-t``, ``--host``, logging,
 ``-np``...) never moves the fingerprint, so moving a server to another port or thread
-count keeps its cache. Pure apart from ``stat`` calls: the inputs are gathered in
-``server_info``.
+count keeps its cache. Pure apart from ``stat`` calls and the digests asked of the ``Digests``
+passed in: the inputs are gathered in ``server_info``.
 
 The head counts as rendered, not as its parts (tools JSON, system text): the KV holds the
 rendered tokens, and a template that leaves tools out (Gemma 3's GGUF template renders none)
@@ -27,14 +36,24 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from oc_prefix_cache.chat.conversation import text_digest
 from oc_prefix_cache.chat.head import Head
 from oc_prefix_cache.llama.families import CacheFacts
 
-FORMAT = 3  # bump when the fingerprint's inputs change meaning (2: KV flags and LoRA adapters;
-#            3: the head as rendered, not its tools and system text)
+FORMAT = 4  # bump when the fingerprint's inputs change meaning (2: KV flags and LoRA adapters;
+#            3: the head as rendered, not its tools and system text; 4: the model, the binary and
+#            flag files by content, not path/size/mtime, and no ocpc version: a copy elsewhere, or an
+#            upgrade of ocpc, keeps every file)
+LEGACY_FORMAT = 3  # the format of the files ocpc made before (``legacy_server_key``)
+LEGACY_OCPC = "0.1.0"  # the ocpc version every FORMAT 3 key holds (the one release that wrote them)
+
+
+class Digests(Protocol):
+    """Content digests of files by path (disk/content_digest.py's ``ContentDigests``)."""
+
+    def digest(self, path: str | Path) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -46,47 +65,65 @@ class FileIdentity:
 
 @dataclass(frozen=True)
 class ServerIdentity:
-    """What the server says about itself, plus the identity of the files it runs."""
+    """What the server says about itself, plus the content of the files it runs.
 
-    model_path: str
-    model_files: tuple[FileIdentity, ...]  # every shard; empty when not readable here
-    build: str  # build_info, extended with the binary's identity when the number is useless
+    The fields up to ``lora`` are its identity (``server_key``); the rest describe it (the index
+    labels files with the model path and build) or are FORMAT 3's inputs, kept to find files made
+    before (``legacy_server_key``): none of them is in the key."""
+
+    model_digest: str  # xxh3_128 of every shard's bytes (comma-separated, in order); "" when not readable here
+    build_id: str  # build_info, plus the binary's content digest when the binary is known
     chat_template_digest: str
     n_ctx: int  # per slot
     total_slots: int
     kv_types: str  # cache types when the server reports them, else ""
     cache: CacheFacts  # the model's cache family and the flags that decide what a restore is worth
-    # The allow-listed flags in effect (``kv_settings``); None when the command line is not
-    # visible, so such a server can never share a fingerprint with one whose flags are known.
+    # The allow-listed flags in effect (``kv_settings``, file arguments by content); None when the
+    # command line is not visible, so such a server can never share a fingerprint with one whose
+    # flags are known.
     kv_flags: tuple[str, ...] | None = None
     lora: tuple[str, ...] = ()  # active adapters from GET /lora-adapters (``adapter_settings``)
+    # -- not identity: labels, and FORMAT 3's inputs ---------------------------------------
+    model_path: str = ""  # as the server reports it (the index's ``model``, status)
+    model_files: tuple[FileIdentity, ...] = ()  # FORMAT 3: every shard's name, size and mtime
+    build: str = ""  # FORMAT 3: build_info, plus the binary's name/size/mtime (the index's ``server_build``)
+    legacy_kv_flags: tuple[str, ...] | None = None  # FORMAT 3: ``kv_flags`` with files by path|size|mtime
+    legacy_lora: tuple[str, ...] = ()  # FORMAT 3: ``lora`` likewise
+
+
+_IDENTITY = (
+    "model_digest",
+    "build_id",
+    "chat_template_digest",
+    "n_ctx",
+    "kv_types",
+    "kv_flags",
+    "lora",
+)  # total_slots and cache stay out: a file fits any slot of the same n_ctx, and the cache
+#    facts are derived from the model and the KV flags, both already covered
 
 
 @dataclass(frozen=True)
 class FingerprintInputs:
     server: ServerIdentity
     harness: str
-    ocpc_version: str
     head: Head
     rendered_head: str  # the template's rendering of the head: covers template and tool layout
+    ocpc_version: str = ""  # not an input since FORMAT 4 (kept for callers that pass it)
 
 
 def _server_part(server: ServerIdentity) -> dict[str, Any]:
     part = asdict(server)
-    part.pop("total_slots")  # a file fits any slot of the same n_ctx
-    part.pop("cache")  # derived from the model file and the KV flags, both already covered
-    return part
+    return {name: part[name] for name in _IDENTITY}
 
 
-def server_key(server: ServerIdentity, *, ocpc_version: str) -> str:
+def server_key(server: ServerIdentity) -> str:
     """The identity a parked conversation or a project head is filed under: everything of
-    the server (model files, build, template, n_ctx, KV flags, adapters) that decides what
+    the server (model content, build, template, n_ctx, KV flags, adapters) that decides what
     a slot file means. A same-shape file from other weights restores silently, so parks are
-    only ever looked up under this key."""
+    only ever looked up under this key (or, for files made before, ``legacy_server_key``)."""
     return text_digest(
-        json.dumps(
-            {"format": FORMAT, "server": _server_part(server), "ocpc": ocpc_version}, sort_keys=True, ensure_ascii=False
-        )
+        json.dumps({"format": FORMAT, "server": _server_part(server)}, sort_keys=True, ensure_ascii=False)
     )
 
 
@@ -96,9 +133,43 @@ def fingerprint(inputs: FingerprintInputs) -> str:
         "format": FORMAT,
         "server": _server_part(inputs.server),
         "harness": inputs.harness,
-        "ocpc": inputs.ocpc_version,
         "model_name": inputs.head.model,
         "rendered_head": inputs.rendered_head,  # tools, system text and template, as the KV holds them
+    }
+    return text_digest(json.dumps(payload, sort_keys=True, ensure_ascii=False))
+
+
+def _legacy_server_part(server: ServerIdentity) -> dict[str, Any]:
+    """FORMAT 3's server part, exactly as that version's ``asdict`` wrote it."""
+    return {
+        "model_path": server.model_path,
+        "model_files": [asdict(f) for f in server.model_files],
+        "build": server.build,
+        "chat_template_digest": server.chat_template_digest,
+        "n_ctx": server.n_ctx,
+        "kv_types": server.kv_types,
+        "kv_flags": list(server.legacy_kv_flags) if server.legacy_kv_flags is not None else None,
+        "lora": list(server.legacy_lora),
+    }
+
+
+def legacy_server_key(server: ServerIdentity) -> str:
+    """The key ocpc before FORMAT 4 filed this server's parks and project heads under (model
+    path and shard mtimes, the binary's name/size/mtime, flag files by path|size|mtime, ocpc
+    0.1.0): where a user's parks from before the upgrade are found, to be adopted."""
+    payload = {"format": LEGACY_FORMAT, "server": _legacy_server_part(server), "ocpc": LEGACY_OCPC}
+    return text_digest(json.dumps(payload, sort_keys=True, ensure_ascii=False))
+
+
+def legacy_fingerprint(inputs: FingerprintInputs) -> str:
+    """The head fingerprint ocpc before FORMAT 4 named this head's file by (``head-<fp>``)."""
+    payload: dict[str, Any] = {
+        "format": LEGACY_FORMAT,
+        "server": _legacy_server_part(inputs.server),
+        "harness": inputs.harness,
+        "ocpc": LEGACY_OCPC,
+        "model_name": inputs.head.model,
+        "rendered_head": inputs.rendered_head,
     }
     return text_digest(json.dumps(payload, sort_keys=True, ensure_ascii=False))
 
@@ -269,13 +340,13 @@ def kv_flag_for_env(name: str) -> KvFlag | None:
     return _BY_ENV.get(name)
 
 
-def kv_settings(argv: Sequence[str]) -> tuple[str, ...]:
+def kv_settings(argv: Sequence[str], *, digests: Digests | None = None) -> tuple[str, ...]:
     """The allow-listed flags in ``argv`` (argv[0] is the binary), normalised and sorted.
 
     ``-ctk q8_0`` and ``--cache-type-k=q8_0`` give the same ``--cache-type-k=q8_0``; a
-    value equal to the build's default is dropped; a file argument carries its size and
-    mtime (a retrained adapter under the same name is another adapter). Every other flag
-    is ignored, so it cannot move the fingerprint.
+    value equal to the build's default is dropped; a file argument is named by its content
+    (``file_token``: a retrained adapter under the same name is another adapter, a copy of it
+    elsewhere the same). Every other flag is ignored, so it cannot move the fingerprint.
     """
     values: dict[str, list[str]] = {}
     args = list(argv[1:])
@@ -293,7 +364,7 @@ def kv_settings(argv: Sequence[str]) -> tuple[str, ...]:
             given, i = args[i : i + flag.nargs], i + flag.nargs  # llama.cpp takes the next ones as they are
         if len(given) < flag.nargs:
             continue  # the server itself refuses to start on this
-        value = _normalise(flag, given)
+        value = _normalise(flag, given, digests)
         if flag.accumulates:
             values.setdefault(flag.canonical, []).append(value)
         else:
@@ -305,7 +376,7 @@ def kv_settings(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _normalise(flag: KvFlag, given: list[str]) -> str:
+def _normalise(flag: KvFlag, given: list[str], digests: Digests | None) -> str:
     if flag.kind == "switch":
         return "on"
     if flag.kind == "pair":
@@ -316,15 +387,15 @@ def _normalise(flag: KvFlag, given: list[str]) -> str:
     if flag.kind == "choice":
         return _choice(value)
     if flag.kind == "files":
-        return ",".join(file_token(item) for item in _csv(value))
+        return ",".join(file_token(item, digests) for item in _csv(value))
     if flag.kind == "scaled_files":
-        return ",".join(_scaled_file(item) for item in _csv(value))
+        return ",".join(_scaled_file(item, digests) for item in _csv(value))
     return value
 
 
-def _scaled_file(item: str) -> str:
+def _scaled_file(item: str, digests: Digests | None) -> str:
     path, colon, scale = item.rpartition(":")
-    return f"{file_token(path)}:{_number(scale)}" if colon else item
+    return f"{file_token(path, digests)}:{_number(scale)}" if colon else item
 
 
 def _number(value: str) -> str:
@@ -350,8 +421,13 @@ def _csv(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def file_token(path: str) -> str:
-    """A file argument as the fingerprint sees it: its path, size and mtime."""
+def file_token(path: str, digests: Digests | None = None) -> str:
+    """A file argument as the fingerprint sees it: ``xxh3:<its content digest>``, wherever it
+    lies. Without ``digests`` (``ocpc status`` and ``doctor`` show flags without reading files;
+    FORMAT 3's key): its path, size and mtime, as before."""
+    if digests is not None:
+        found = digests.digest(path)
+        return f"xxh3:{found}" if found else f"{path}|unreadable"
     try:
         stat = Path(path).stat()
     except OSError:
@@ -359,8 +435,8 @@ def file_token(path: str) -> str:
     return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
-def adapter_settings(adapters: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The active LoRA adapters of ``GET /lora-adapters``: id, path, scale and the file.
+def adapter_settings(adapters: Sequence[Mapping[str, Any]], *, digests: Digests | None = None) -> tuple[str, ...]:
+    """The active LoRA adapters of ``GET /lora-adapters``: id, the file (``file_token``) and scale.
 
     An adapter at scale 0 does nothing (``--lora-init-without-apply`` loads them so), so
     only active ones count; ``POST /lora-adapters`` changing a scale moves the fingerprint.
@@ -374,24 +450,34 @@ def adapter_settings(adapters: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
         if scale == 0.0:
             continue
         path = str(item.get("path") or "")
-        out.append(f"{item.get('id')}={file_token(path)}:{scale!r}")
+        out.append(f"{item.get('id')}={file_token(path, digests)}:{scale!r}")
     return tuple(out)
 
 
 _SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
-def model_file_identities(model_path: str) -> tuple[FileIdentity, ...]:
-    """Size and mtime of the model file, or of every shard of a split GGUF."""
+def model_shards(model_path: str) -> list[Path]:
+    """The model file, or every shard of a split GGUF (``-00001-of-00003.gguf``), in order."""
     path = Path(model_path)
     match = _SHARD_RE.match(path.name)
     if match:
         n = int(match.group("n"))
-        paths = [path.with_name(f"{match.group('stem')}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
-    else:
-        paths = [path]
+        return [path.with_name(f"{match.group('stem')}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    return [path]
+
+
+def model_digest(model_path: str, digests: Digests) -> str:
+    """The content of the model: every shard's digest, in order; "" when any shard cannot be read
+    here (no identity: ocpc then keeps no files for it)."""
+    found = [digests.digest(shard) for shard in model_shards(model_path)]
+    return ",".join(d for d in found if d) if all(found) else ""
+
+
+def model_file_identities(model_path: str) -> tuple[FileIdentity, ...]:
+    """Name, size and mtime of the model file, or of every shard of a split GGUF (FORMAT 3's)."""
     out = []
-    for shard in paths:
+    for shard in model_shards(model_path):
         try:
             stat = shard.stat()
         except OSError:
@@ -400,8 +486,20 @@ def model_file_identities(model_path: str) -> tuple[FileIdentity, ...]:
     return tuple(out)
 
 
+def build_id(build_info: str, binary: Path | None, digests: Digests | None) -> str:
+    """The server build as identity: its build string, plus the binary's content digest when the
+    binary is known (``ocpc launch`` knows it, /proc shows it): a copy of the binary elsewhere is the
+    same build, a rebuild another. Builds from an sdist report ``b0-unknown``, so the string alone
+    cannot tell two builds apart."""
+    if binary is None or digests is None:
+        return build_info
+    found = digests.digest(binary)
+    return f"{build_info}|xxh3:{found}" if found else build_info
+
+
 def build_identity(build_info: str, binary: Path | None) -> str:
-    """The server build: its build string, plus the binary's size/mtime when we know it.
+    """The server build as a label (the index's ``server_build``) and FORMAT 3's identity: its
+    build string, plus the binary's name, size and mtime when we know it.
 
     Builds from an sdist report ``b0-unknown``, so the string alone cannot tell two
     builds apart; the launcher knows the binary and records it.

@@ -1,9 +1,11 @@
 """Gather the server's identity: /props, its flags, its adapters, and the files behind them.
 
 The daemon runs on the same machine as llama-server (the slot folder is shared), so it
-can stat the model file the server names, read its GGUF header, and read the server's
-command line (from ``ocpc launch``'s runtime file, or from /proc). Also here: which
-server ``status`` and ``doctor`` talk about (``resolve_server``).
+can read the model file the server names (its content digest: the identity; its GGUF header:
+its cache family), and read the server's command line (from ``ocpc launch``'s runtime file, or
+from /proc). The files are digested through the ``Digests`` the caller passes (engine/wiring.py
+hands the engine's view disk/content_digest.py's cache), so each is read once, not per request.
+Also here: which server ``status`` and ``doctor`` talk about (``resolve_server``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -30,12 +32,15 @@ from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.families import CTX_CHECKPOINTS, SWA_FULL, CacheFacts, Family
 from oc_prefix_cache.llama.fingerprint import (
     KV_FLAGS,
+    Digests,
     ServerIdentity,
     adapter_settings,
+    build_id,
     build_identity,
     kv_flag_for,
     kv_flag_for_env,
     kv_settings,
+    model_digest,
     model_file_identities,
 )
 from oc_prefix_cache.llama.gguf_meta import read_gguf_info
@@ -55,23 +60,28 @@ def gather_identity(
     deadline: Deadline | None = None,
     lora: LoraMemo | None = None,
     epoch: int = 0,
+    digests: Digests | None = None,
 ) -> ServerIdentity:
     """/props, plus the active LoRA adapters. A server started without ``--lora`` flags has no
     adapter to activate (``POST /lora-adapters`` only rescales loaded ones), so it is not asked:
     ``GET /lora-adapters`` is a task on the server's queue, answered between batches, and under
     load it took over 5 s (3 of ~28 prepares failed open on it in issue 17's first ramp). With
     adapters loaded, ``lora`` keeps the last answer of server process ``epoch`` for a read that
-    times out."""
+    times out. ``digests``: see ``identity_from_props``."""
     props = client.props(deadline=deadline)
-    identity = identity_from_props(props, binary=binary, argv=argv)
+    identity = identity_from_props(props, binary=binary, argv=argv, digests=digests)
     if argv is not None and not any(arg.split("=", 1)[0] in LORA_FLAGS for arg in argv):
         return identity
     adapters = (
         lora.read(client, epoch=epoch, deadline=deadline)
         if lora is not None
-        else adapter_settings(client.lora_adapters(deadline=deadline))
+        else client.lora_adapters(deadline=deadline)
     )
-    return replace(identity, lora=adapters)
+    return replace(
+        identity,
+        lora=adapter_settings(adapters, digests=digests if digests is not None else _NO_FILES),
+        legacy_lora=adapter_settings(adapters),
+    )
 
 
 LORA_FLAGS = frozenset({"--lora", "--lora-scaled"})
@@ -84,14 +94,15 @@ class LoraMemo:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._last: tuple[int, tuple[str, ...]] | None = None  # (epoch, adapters)
+        self._last: tuple[int, Sequence[Mapping[str, Any]]] | None = None  # (epoch, adapters)
         self.fallbacks = 0
 
-    def read(self, client: SlotClient, *, epoch: int, deadline: Deadline | None) -> tuple[str, ...]:
+    def read(self, client: SlotClient, *, epoch: int, deadline: Deadline | None) -> Sequence[Mapping[str, Any]]:
+        """The server's answer (every loaded adapter, its path and scale), or its last one."""
         with self._guard:
             last = self._last if self._last is not None and self._last[0] == epoch else None
         try:
-            adapters = adapter_settings(client.lora_adapters(deadline=deadline))
+            adapters = client.lora_adapters(deadline=deadline)
         except ServerTimeout:
             if last is None:
                 raise
@@ -113,21 +124,41 @@ def kv_types(argv: list[str] | None) -> str:
     return f"{k}/{v}"
 
 
-def identity_from_props(props: dict[str, Any], *, binary: Path | None, argv: list[str] | None = None) -> ServerIdentity:
+def identity_from_props(
+    props: dict[str, Any], *, binary: Path | None, argv: list[str] | None = None, digests: Digests | None = None
+) -> ServerIdentity:
+    """The server's identity from its /props and command line. ``digests``: the content digests
+    of its model, binary and flag files (the engine's cache); without it (``ocpc doctor`` reads
+    only the cache facts) no file is read and ``model_digest`` stays "", which keeps no files."""
     model_path = str(props.get("model_path") or "")
     settings = props.get("default_generation_settings") or {}
     template = str(props.get("chat_template") or "")
+    build_info = str(props.get("build_info") or "unknown")
     return ServerIdentity(
-        model_path=model_path,
-        model_files=model_file_identities(model_path) if model_path else (),
-        build=build_identity(str(props.get("build_info") or "unknown"), binary),
+        model_digest=model_digest(model_path, digests) if model_path and digests is not None else "",
+        build_id=build_id(build_info, binary, digests),
         chat_template_digest=xxhash.xxh64_hexdigest(template.encode()),
         n_ctx=int(settings.get("n_ctx") or 0),
         total_slots=int(props.get("total_slots") or 1),
         kv_types=kv_types(argv),
         cache=cache_facts(model_family(model_path), argv),
-        kv_flags=kv_settings(argv) if argv is not None else None,
+        kv_flags=kv_settings(argv, digests=digests if digests is not None else _NO_FILES) if argv is not None else None,
+        model_path=model_path,
+        model_files=model_file_identities(model_path) if model_path else (),
+        build=build_identity(build_info, binary),
+        legacy_kv_flags=kv_settings(argv) if argv is not None else None,
     )
+
+
+class _NoFiles:
+    """No file is read (no ``Digests`` given): a flag's file reads as unreadable (``file_token``),
+    so such an identity never equals one whose files were read."""
+
+    def digest(self, path: str | Path) -> str | None:
+        return None
+
+
+_NO_FILES = _NoFiles()
 
 
 def cache_facts(family: Family, argv: list[str] | None) -> CacheFacts:

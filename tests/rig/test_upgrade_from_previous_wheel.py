@@ -1,16 +1,27 @@
-"""An upgrade over the house's refactor (issue 38) changes nothing for a user.
+"""An upgrade from the previous release changes nothing for a user: their head, their parked
+conversation and their settings are all there after it.
 
-The wheel of the commit before the refactor (``PREVIOUS``) goes into a fresh virtualenv, with a
-temporary HOME, as pipx installs it. The user's Claude Code settings hold their own content;
-``ocpc install --harness claude-code`` sends Claude Code to the proxy; ``ocpc launch`` (the rig's
-llama-server, the tiny hybrid model) serves a captured first request of Claude Code as installed
-(tests/data/claude-code-2.1.332-installed/A1.json), which warms its head, and SIGTERM stops it.
-Then the wheel of this working tree replaces it (``pip install --force-reinstall --no-deps``),
-``ocpc launch`` starts again with the same home and ports, and the next session's first request
-(A2.json: the same project, another session) is served from what the previous version warmed:
-the warm start restores it into the slot, the prepare answers ``hit`` and the server's own
-``cache_n`` covers the head. ``ocpc uninstall`` of the new version then gives the settings back
-byte for byte. The proxy's ``/ocpc/status`` answers with the same fields under both versions.
+The wheel of what users have (``PREVIOUS``) goes into a fresh virtualenv, with a temporary HOME,
+as pipx installs it. The user's Claude Code settings hold their own content; ``ocpc install
+--harness claude-code`` sends Claude Code to the proxy; ``ocpc launch`` (the rig's llama-server,
+the tiny hybrid model, one slot) serves a captured first request of Claude Code as installed
+(tests/data/claude-code-2.1.332-installed/A2.json), which warms its head, and SIGTERM stops it:
+ocpc's graceful stop parks the conversation the slot holds (engine/lifecycle.py ``park_live``;
+every conversation is worth a park here: ``OC_PREFIX_CACHE_PARK_MIN_TOKENS=0``). Then the wheel of
+this working tree replaces it (``pip install --force-reinstall --no-deps``), ``ocpc launch`` starts
+again with the same home and ports, and:
+
+* the next session's first request (A1.json: the same project, another session) is served from
+  the head the previous version warmed: the warm start restores it into the slot, the prepare
+  answers ``hit`` or ``restored`` and the server's own ``cache_n`` covers the head;
+* A2's next turn (A2-continue.json) is served from the park the previous version made: it is
+  filed under the previous version's identity (FORMAT 3: paths, mtimes, ocpc's version), found
+  there, adopted under the new one, and restored; ``cache_n`` covers the park, more than the head.
+
+The previous version still reads the index the new one wrote (its own package loads it and finds
+its own park in it), so a downgrade loses nothing either. ``ocpc uninstall`` of the new version
+then gives the settings back byte for byte. The proxy's ``/ocpc/status`` answers with every field
+the previous version's had.
 
 The previous wheel is built once (``git archive`` of that commit, ``python -m build --wheel``)
 and cached beside the rig and the agents' binaries, under a folder named for the commit; the
@@ -45,8 +56,8 @@ from tests.helpers import SUITE_WAIT_S, TEST_SERVER_ARGS, wait_until
 
 pytestmark = pytest.mark.rig
 
-#: The commit before the house's refactor: what users had.
-PREVIOUS = "c925d62"
+#: What users have: the commit before identities were by content (FORMAT 4).
+PREVIOUS = "dd2e077"
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 CAPTURES = ROOT / "tests" / "data" / "claude-code-2.1.332-installed"
 END_AT_ONCE = ("--logit-bias", "151645+30")  # <|im_end|> in the tiny models' vocabulary: every reply ends at once
@@ -253,13 +264,14 @@ def send_first_request(user: User, name: str) -> tuple[dict[str, Any], dict[str,
     captured = json.loads((CAPTURES / f"{name}.json").read_text())
     transport = {"host", "content-length", "connection", "accept-encoding"}  # this client's own
     headers = {k.lower(): v for k, v in captured["headers"] if k.lower() not in transport}
+    rows = len(_status(user).get("recent") or [])  # this request's row is the next one
     answer = _direct("POST", f"{user.proxy}{captured['path']}", json=captured["body_json"], headers=headers)
     assert answer.status_code == 200, answer.text[:500]
     assert "message_stop" in answer.text, answer.text[:500]  # a whole Anthropic stream
 
     def row() -> dict[str, Any] | None:
         recent = _status(user).get("recent") or []
-        return recent[-1] if recent and recent[-1]["cache_n"] is not None else None
+        return recent[-1] if len(recent) > rows and recent[-1]["cache_n"] is not None else None
 
     found = wait_until(row, what=f"the proxy's row for {name} with the server's timings")
     return found, _status(user)
@@ -267,6 +279,32 @@ def send_first_request(user: User, name: str) -> tuple[dict[str, Any], dict[str,
 
 def _warm_start_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "warm start" in line]
+
+
+def _session_of(name: str) -> str:
+    captured = json.loads((CAPTURES / f"{name}.json").read_text())
+    return next(v for k, v in captured["headers"] if k.lower() == "x-claude-code-session-id")
+
+
+def _parks(user: User) -> list[dict[str, Any]]:
+    """The parked conversations in the user's index.json, as written."""
+    index = json.loads((Path(user.env["OC_PREFIX_CACHE_HOME"]) / "index.json").read_text())
+    return [e for e in index["entries"].values() if e.get("kind") == "conv"]
+
+
+#: Run by the previous version's own package (its wheel unpacked, on PYTHONPATH): it reads the
+#: index the new version wrote, and finds its own park of A2's session in it.
+OLD_READER = """
+import json, sys
+from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.disk.park_files import find_park
+from oc_prefix_cache.settings import Settings
+s = Settings.from_env()
+index = Store(index_path=s.index_path, lock_path=s.lock_path).load()
+identity, session = sys.argv[1], sys.argv[2]
+park = find_park(index, identity=identity, session=session, digests=())
+print(json.dumps({"entries": len(index.entries), "foreign": len(index.foreign), "park": park.key if park else None}))
+"""
 
 
 def test_an_upgrade_from_the_previous_wheel_keeps_the_warm_head_and_the_users_settings(
@@ -291,6 +329,7 @@ def test_an_upgrade_from_the_previous_wheel_keeps_the_warm_head_and_the_users_se
         "OC_PREFIX_CACHE_PROXY_PORT": str(proxy_port),
         "OC_PREFIX_CACHE_DAEMON_PORT": str(free_port()),
     }
+    env["OC_PREFIX_CACHE_PARK_MIN_TOKENS"] = "0"  # the graceful stop parks the slot's conversation, however short
     user = User(venv, env, cwd, _pip_env(tmp_path), server_port, proxy_port)
     user.pip_install(str(old))
     print(f"the previous wheel in a fresh venv: {user.ocpc('--version').strip()}")
@@ -302,11 +341,16 @@ def test_an_upgrade_from_the_previous_wheel_keeps_the_warm_head_and_the_users_se
     print(said)
     assert f"{user.proxy}" in json.loads(settings.read_text())["env"]["ANTHROPIC_BASE_URL"], settings.read_text()
 
-    # The previous version warms the head of project A's first session.
-    with launched(user, rig, models["qwen35"], tmp_path / "launch-previous.log"):
-        first, before = send_first_request(user, "A1")
-    print(f"previous version, A1: {json.dumps(first)}")
+    # The previous version warms the head of a session in project A; its stop parks the conversation.
+    previous_log = tmp_path / "launch-previous.log"
+    with launched(user, rig, models["qwen35"], previous_log):
+        first, before = send_first_request(user, "A2")
+    print(f"previous version, A2: {json.dumps(first)}")
     assert first["action"] == "warmed", first
+    stop_lines = [line for line in previous_log.read_text().splitlines() if "park before stop" in line]
+    print("\n".join(stop_lines))
+    (old_park,) = [p for p in _parks(user) if p["session"] == _session_of("A2")]
+    assert old_park["prefix_tokens"] > first["prefix_tokens"], old_park  # the conversation, past its head
 
     # The upgrade, as `pipx upgrade` / `pip install --force-reinstall` does it.
     user.pip_install("--force-reinstall", "--no-deps", str(new))
@@ -316,23 +360,55 @@ def test_an_upgrade_from_the_previous_wheel_keeps_the_warm_head_and_the_users_se
     )
     print(f"upgraded: {user.ocpc('--version').strip()}")
 
-    # The next session's first request is served from what the previous version warmed.
+    # The next session's first request is served from what the previous version warmed; A2's next
+    # turn, from the park the previous version made.
     log = tmp_path / "launch-current.log"
     with launched(user, rig, models["qwen35"], log):
         wait_until(lambda: any("warm start: slot 0:" in line for line in _warm_start_lines(log)), what="warm start")
-        second, after = send_first_request(user, "A2")
+        second, after = send_first_request(user, "A1")
+        resumed, _ = send_first_request(user, "A2-continue")
+        parks = [p for p in _parks(user) if p["session"] == _session_of("A2")]  # before the stop parks it again
     warm = _warm_start_lines(log)
     print("\n".join(warm))
-    print(f"current version, A2: {json.dumps(second)}")
+    print(f"current version, A1: {json.dumps(second)}")
+    print(f"current version, A2-continue: {json.dumps(resumed)}")
+    assert resumed["action"] == "restored", resumed
+    assert resumed["prefix_tokens"] == old_park["prefix_tokens"], (old_park, resumed)  # the park, whole
+    assert resumed["cache_n"] >= 0.9 * old_park["prefix_tokens"], resumed  # the server reused the park
+    assert resumed["prompt_n"] < 0.1 * old_park["prefix_tokens"], resumed
+    adopted = [p for p in parks if p["identity"] != old_park["identity"]]
+    assert old_park in parks and len(adopted) == 1, parks  # adopted under the new identity; the old entry as it was
+    assert adopted[0]["xxh64"] == old_park["xxh64"] and adopted[0]["file"] != old_park["file"], parks
+    after_stop = [p for p in _parks(user) if p["session"] == _session_of("A2")]
+    assert old_park in after_stop, after_stop  # the new version's stop parked A2 again: under its new key only
+
+    # The previous version reads the index the new one wrote, and still finds its own park.
+    unpacked = tmp_path / "previous-package"
+    with zipfile.ZipFile(old) as wheel:
+        wheel.extractall(unpacked)
+    read = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", OLD_READER, old_park["identity"], _session_of("A2")],
+        env=env | {"PYTHONPATH": str(unpacked)},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SUITE_WAIT_S,
+        check=False,
+    )
+    assert read.returncode == 0, read.stdout + read.stderr
+    seen = json.loads(read.stdout)
+    print(f"the previous version reads the new index: {seen}")
+    assert seen["park"] is not None and seen["foreign"] == 0 and seen["entries"] >= 3, seen
     assert any("warm start: slot 0:" in line and ": restored" in line for line in warm), warm
     assert second["action"] in ("hit", "restored"), second
     assert second["prefix_tokens"] == first["prefix_tokens"], (first, second)
     assert second["cache_n"] >= 0.9 * second["prefix_tokens"], second  # the server reused the head
     assert second["prompt_n"] < 0.1 * second["prefix_tokens"], second  # it processed only what follows the head
 
-    # What the proxy says about a request, and its status, have the same fields under both versions.
-    assert set(second) == set(first), (sorted(first), sorted(second))
-    assert set(after) == set(before), (sorted(before), sorted(after))
+    # What the proxy says about a request, and its status, keep every field the previous version had
+    # (a new one is no break: a reader of the previous fields reads on).
+    assert set(second) >= set(first), (sorted(first), sorted(second))
+    assert set(after) >= set(before), (sorted(before), sorted(after))
     print(f"counters: previous {before.get('counters')}, current {after.get('counters')}")
 
     said = user.ocpc("uninstall", "--harness", "claude-code")

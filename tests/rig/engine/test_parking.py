@@ -428,7 +428,6 @@ def _impostor(t: Turns, mine: workload.Conversation, theirs: workload.Conversati
 def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> None:
     """Planning a long conversation resumed from its park reuses the park's tokens (its text
     is recorded with it) and tokenizes only the rest; the result equals tokenizing it whole."""
-    from oc_prefix_cache import __version__
     from oc_prefix_cache.chat.head import extract_head, parse_body
     from oc_prefix_cache.disk.park_files import find_park
     from oc_prefix_cache.llama.fingerprint import server_key
@@ -442,7 +441,7 @@ def test_a_resumed_conversation_tokenizes_only_what_follows_its_park(turns) -> N
     identity = t.engine.view.identity(Deadline.after(30))  # as the prepare reads it (its binary too)
     park = find_park(
         t.engine.store.load(),
-        identity=server_key(identity, ocpc_version=__version__),
+        identity=server_key(identity),
         session=parent.session,
         digests=body.digests,
     )

@@ -115,6 +115,8 @@ def test_harness_is_the_first_product_token() -> None:
 
 
 SERVER = ServerIdentity(
+    model_digest="0123456789abcdef0123456789abcdef",
+    build_id="b0-unknown|xxh3:fedcba9876543210fedcba9876543210",
     model_path="/m/model.gguf",
     model_files=(FileIdentity("model.gguf", 100, 1),),
     build="b0-unknown|x|1|2",
@@ -147,19 +149,34 @@ def test_fingerprint_is_16_hex_and_stable() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"server": replace(SERVER, model_files=(FileIdentity("model.gguf", 100, 2),))},
-        {"server": replace(SERVER, model_path="/m/other.gguf")},
-        {"server": replace(SERVER, build="b11500")},
+        {"server": replace(SERVER, model_digest="1123456789abcdef0123456789abcdef")},
+        {"server": replace(SERVER, build_id="b11500")},
         {"server": replace(SERVER, chat_template_digest="u")},
         {"server": replace(SERVER, n_ctx=8192)},
         {"server": replace(SERVER, kv_types="q8_0/q8_0")},
+        {"server": replace(SERVER, kv_flags=("--rope-freq-base=500000.0",))},
+        {"server": replace(SERVER, lora=("0=xxh3:00:1.0",))},
         {"harness": "opencode/1.19.0"},
-        {"ocpc_version": "0.2.0"},
         {"rendered_head": "<other>"},
     ],
 )
 def test_every_input_moves_the_fingerprint(change: dict) -> None:
     assert fingerprint(inputs(**change)) != fingerprint(inputs())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"server": replace(SERVER, model_files=(FileIdentity("model.gguf", 100, 2),))},
+        {"server": replace(SERVER, model_path="/m/other.gguf")},
+        {"server": replace(SERVER, build="b0-unknown|y|1|3")},
+        {"server": replace(SERVER, total_slots=4)},
+        {"ocpc_version": "0.2.0"},
+    ],
+)
+def test_where_the_files_lie_and_ocpcs_version_do_not_move_the_fingerprint(change: dict) -> None:
+    """FORMAT 4: the model's path and mtime, the binary's, and ocpc's version are not identity."""
+    assert fingerprint(inputs(**change)) == fingerprint(inputs())
 
 
 def test_the_head_counts_as_the_template_renders_it() -> None:

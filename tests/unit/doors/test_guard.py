@@ -18,6 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_of
+from hypothesis import strategies as st
 
 from oc_prefix_cache.doors.daemon import Daemon
 from oc_prefix_cache.doors.guard import DAEMON_ROUTES, PROXY_ROUTES, Guard, Route, host_name, route_of
@@ -150,3 +153,97 @@ def test_the_proxy_and_the_router_guard_every_route(front: str, settings: Settin
         assert send(server.url, "POST", "/slots/0?action=erase", {}).status_code == 200  # local: passed on
     finally:
         server.stop()
+
+
+# -- a box's network door (many boxes, issue 39) ----------------------------------------------------
+
+NETWORK_HOST = "127.0.0.2"
+
+
+def network_proxy(settings: Settings, stub: Any, token_path: Path) -> Proxy:
+    from oc_prefix_cache.doors import token
+    from oc_prefix_cache.doors.proxy import NetworkDoor
+
+    token.create(token_path)
+    door = NetworkDoor(host=NETWORK_HOST, tokens=token.TokenFile(token_path))
+    return Proxy(settings=settings, engine=engine_for_url(settings, server_url=stub.url), network=door)
+
+
+def test_a_network_door_serves_only_the_agents_api_and_only_with_the_token(
+    settings: Settings, stub: Any, tmp_path: Path
+) -> None:
+    """Every route the network door declares, and every route the loopback proxy declares, walked
+    without the token, with a wrong one and with the right one: only the agents' API (and the probe)
+    is ever served, the token never reaches the server, and the door answers to its address only."""
+    from oc_prefix_cache.doors.guard import NETWORK_ROUTES
+
+    token_path = tmp_path / "secret" / "token"
+    server = ProxyServer(network_proxy(settings, stub, token_path), host=NETWORK_HOST, port=0)
+    server.start()
+    good = {"authorization": f"Bearer {token_path.read_text().strip()}"}
+    try:
+        for method, path, kind in door_cases(NETWORK_ROUTES) + door_cases(PROXY_ROUTES):
+            kind = route_of(NETWORK_ROUTES, method, path)
+            for headers, authorised in (
+                ({}, False),
+                ({"authorization": "Bearer nope-nope-nope-nope"}, False),
+                (good, True),
+            ):
+                before = len(stub.seen)
+                answer = send(server.url, method, path, headers)
+                reached = stub.seen[before:]
+                if kind is Route.PROBE:
+                    assert answer.status_code == 200, (method, path)
+                elif kind is Route.API and authorised:
+                    assert answer.status_code == 200, (method, path, answer.text)
+                    assert all("authorization" not in {k.lower() for k in s.get("headers", {})} for s in reached), (
+                        reached
+                    )
+                else:
+                    assert answer.status_code == (401 if kind is Route.API else 403), (
+                        method,
+                        path,
+                        headers,
+                        answer.text,
+                    )
+                    assert not reached, (method, path, headers, reached)
+        # its own address only: a rebound name with the right token is still refused
+        assert send(server.url, "POST", "/v1/chat/completions", {**good, "host": "evil.example"}).status_code == 403
+    finally:
+        server.stop()
+
+
+def test_a_network_door_takes_a_rotated_token_at_once_and_the_previous_one_until_it_is_retired(
+    settings: Settings, stub: Any, tmp_path: Path
+) -> None:
+    from oc_prefix_cache.doors import token
+
+    token_path = tmp_path / "secret" / "token"
+    server = ProxyServer(network_proxy(settings, stub, token_path), host=NETWORK_HOST, port=0)
+    server.start()
+    try:
+        old = token.read(token_path)
+        new = token.rotate(token_path)
+        for value in (old, new):
+            assert send(server.url, "GET", "/v1/models", {"authorization": f"Bearer {value}"}).status_code == 200
+        assert token.retire(token_path)
+        assert send(server.url, "GET", "/v1/models", {"authorization": f"Bearer {old}"}).status_code == 401
+        assert send(server.url, "GET", "/v1/models", {"authorization": f"Bearer {new}"}).status_code == 200
+        token_path.chmod(0o644)  # a token file others can read is no secret: nobody gets in
+        assert send(server.url, "GET", "/v1/models", {"authorization": f"Bearer {new}"}).status_code == 401
+    finally:
+        server.stop()
+
+
+@given(value=st.text(max_size=80))
+@settings_of(max_examples=300, deadline=None)
+def test_no_authorization_value_but_the_token_itself_passes_a_network_guard(value: str) -> None:
+    token = "s3cret-token-of-the-deployment"
+    guard = Guard(hosts=frozenset({NETWORK_HOST}), tokens=frozenset({token}))
+    headers = {"host": NETWORK_HOST, "authorization": value}
+    admitted = guard.judge(Route.API, headers) is None
+    assert admitted == (
+        value.strip().partition(" ")[0].lower() == "bearer" and value.strip().partition(" ")[2].strip() == token
+    )
+    assert guard.judge(Route.OWN, headers) is not None and guard.judge(Route.CONTROL, headers) is not None
+    assert Guard(hosts=frozenset({NETWORK_HOST}), tokens=frozenset()).judge(Route.API, headers) is not None

@@ -448,6 +448,8 @@ def test_claude_code_project_levels_are_strict_token_prefixes_on_the_real_server
     from oc_prefix_cache.llama.fingerprint import FileIdentity, ServerIdentity
 
     identity = ServerIdentity(
+        model_digest="0123456789abcdef0123456789abcdef",
+        build_id="b0-unknown",
         model_path="/m/model.gguf",
         model_files=(FileIdentity("model.gguf", 100, 1),),
         build="b0-unknown|x|1|2",

@@ -9,8 +9,10 @@ command line (LLAMA_ARG_* variables, config.ini), and the adapters changed at ru
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from oc_prefix_cache import loopback
 from oc_prefix_cache.chat.head import Head, extract_head, parse_body, request_sets_adapters
+from oc_prefix_cache.disk.content_digest import ContentDigests, file_content_digest
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.fingerprint import KV_FLAGS, FingerprintInputs, adapter_settings, fingerprint, kv_settings
 from oc_prefix_cache.llama.server_info import flag_value, gather_identity, identity_from_props, server_argv
@@ -34,6 +37,8 @@ PROPS: dict[str, Any] = {
     "default_generation_settings": {"n_ctx": 16384},
 }
 BASE = ["llama-server", "-m", "/m/model.gguf", "--port", "8080", "-c", "16384"]
+#: The content digests the engine's view passes (disk/content_digest.py), in a folder of their own.
+DIGESTS = ContentDigests(Path(tempfile.mkdtemp(prefix="ocpc-digests-")) / "digests.json")
 
 
 def head() -> Head:
@@ -45,12 +50,8 @@ def head() -> Head:
 def fp_of(argv: list[str] | None, *, lora: tuple[str, ...] = ()) -> str:
     from dataclasses import replace
 
-    server = replace(identity_from_props(PROPS, binary=None, argv=argv), lora=lora)
-    return fingerprint(
-        FingerprintInputs(
-            server=server, harness="opencode/1.18.33", ocpc_version="0.1.0", head=head(), rendered_head="<rendered>"
-        )
-    )
+    server = replace(identity_from_props(PROPS, binary=None, argv=argv, digests=DIGESTS), lora=lora)
+    return fingerprint(FingerprintInputs(server=server, harness="opencode/1.18.33", head=head(), rendered_head="<r>"))
 
 
 # -- the allow-list ------------------------------------------------------------------------
@@ -122,12 +123,24 @@ def test_repeated_adapters_all_count() -> None:
     assert kv_settings(["s", "--lora", "/x/a.gguf", "--lora", "/x/b.gguf"]) != kv_settings(["s", "--lora", "/x/b.gguf"])
 
 
-def test_a_changed_adapter_file_moves_the_fingerprint(tmp_path: Path) -> None:
+def test_a_changed_adapter_file_moves_the_fingerprint_and_a_copy_elsewhere_does_not(tmp_path: Path) -> None:
+    """A flag's file counts by its content (FORMAT 4): a retrained adapter under the same name is
+    another adapter; the same adapter at another path, or touched, is the same."""
     adapter = tmp_path / "adapter.gguf"
     adapter.write_bytes(b"one")
     before = fp_of(BASE + ["--lora", str(adapter)])
     os.utime(adapter, ns=(1, 1))
+    assert fp_of(BASE + ["--lora", str(adapter)]) == before  # touched: the same bytes
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(adapter, copy)
+    assert fp_of(BASE + ["--lora", str(copy)]) == before
+    assert fp_of(BASE + ["--control-vector-scaled", f"{adapter}:0.5"]) == fp_of(
+        BASE + ["--control-vector-scaled", f"{copy}:0.5"]
+    )
+    adapter.write_bytes(b"two")  # the same size, other bytes
     assert fp_of(BASE + ["--lora", str(adapter)]) != before
+    assert kv_settings(BASE + ["--lora", str(copy)], digests=DIGESTS) == (f"--lora=xxh3:{file_content_digest(copy)}",)
 
 
 def test_an_invisible_command_line_never_matches_a_visible_one() -> None:
@@ -204,7 +217,8 @@ def test_relative_adapter_paths_are_read_where_the_server_runs(fake_server, tmp_
     pid = fake_server({})
     argv = server_argv("http://127.0.0.1:8080", runtime={"argv": [*BASE, "--lora", "adapter.gguf"], "pid": pid})
     assert argv is not None
-    assert kv_settings(argv)[0].startswith(f"--lora={tmp_path / 'adapter.gguf'}|4|")
+    assert kv_settings(argv)[0].startswith(f"--lora={tmp_path / 'adapter.gguf'}|4|")  # as status shows it
+    assert kv_settings(argv, digests=DIGESTS) == (f"--lora=xxh3:{file_content_digest(tmp_path / 'adapter.gguf')}",)
 
 
 # -- a real adapter on the real server -----------------------------------------------------
@@ -253,16 +267,11 @@ def test_changing_an_adapters_scale_at_runtime_moves_the_fingerprint(llama_serve
 
     def current() -> str:
         with SlotClient(server.url) as client:
-            identity = gather_identity(client, binary=None, argv=argv)
-        assert identity.kv_flags and identity.kv_flags[0].startswith(f"--lora={adapter}|")
+            identity = gather_identity(client, binary=None, argv=argv, digests=DIGESTS)
+        assert identity.kv_flags and identity.kv_flags[0] == f"--lora=xxh3:{file_content_digest(adapter)}"
+        assert identity.lora and identity.lora[0].startswith("0=xxh3:")
         return fingerprint(
-            FingerprintInputs(
-                server=identity,
-                harness="opencode/1.18.33",
-                ocpc_version="0.1.0",
-                head=head(),
-                rendered_head="<rendered>",
-            )
+            FingerprintInputs(server=identity, harness="opencode/1.18.33", head=head(), rendered_head="<rendered>")
         )
 
     full = current()

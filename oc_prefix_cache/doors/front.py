@@ -1,0 +1,176 @@
+"""``ocpc gateway``'s front: where the agents' requests get their conversation key, before the gateway.
+
+Many boxes (docs/scale.md): agents -> this front (loopback) -> smg (routes) -> each box's ocpc door
+-> its llama-server. The adapters run here, not on the boxes, because they read what the gateway
+does not forward: an agent's ``User-Agent`` (which adapter) and its session headers (which
+conversation). smg forwards only ``authorization``, ``x-request-id*``, trace headers and
+``x-smg-routing-key``; so the front puts the conversation's key (harness/routing_key.py) in that
+one header, which smg hashes to pick the box and the box reads back to name the conversation.
+
+What the front changes: it adds the routing key and sends the deployment's token as the request's
+``Authorization`` (doors/token.py; the agent's own placeholder key is replaced). The body goes on
+as the agent sent it: the box normalises it, as its proxy does for a local agent, so one place
+decides what a request becomes. A request it cannot key (not JSON, too big, a title) goes on
+without a key: smg then picks any box, which serves it as plain llama-server would.
+
+A web page's request (a foreign ``Origin`` or ``Host``) is refused here with 403: the front would
+send it with the deployment's token, and a page must not spend that (doors/guard.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from oc_prefix_cache import __version__
+from oc_prefix_cache.chat import responses
+from oc_prefix_cache.chat.anthropic import to_chat
+from oc_prefix_cache.chat.head import MAX_BODY_BYTES
+from oc_prefix_cache.doors.forward import Bounds, Counters, Forwarder
+from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
+from oc_prefix_cache.doors.relay import Receive, Scope, Send, headers_of, path_of, read_body, rest
+from oc_prefix_cache.doors.token import TokenFile
+from oc_prefix_cache.errors import TranslationError
+from oc_prefix_cache.harness import Incoming, door_adapters, select
+from oc_prefix_cache.harness.routing_key import HEADER, routing_key
+from oc_prefix_cache.settings import Settings
+
+log = logging.getLogger("ocpc.front")
+
+API_PATHS = {
+    "/v1/chat/completions": "openai",
+    "/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+    "/v1/responses": "responses",
+    "/responses": "responses",
+}
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """What the front read of one request: its adapter and its routing key (None: not keyed)."""
+
+    adapter: str
+    key: str | None
+    why_not: str = ""
+
+
+class Front:
+    """The ASGI application before the gateway. ``gateway``: smg's ``http://host:port``."""
+
+    def __init__(self, *, settings: Settings, gateway: str, tokens: TokenFile, bounds: Bounds | None = None) -> None:
+        self.settings = settings
+        self.server = gateway  # what the door forwards to (ProxyServer logs it)
+        self.tokens = tokens
+        self.bounds = bounds or Bounds()
+        self.counters = Counters()
+        self.forward = Forwarder(server=gateway, bounds=self.bounds, counters=self.counters, who="gateway front")
+        self.own_origins: frozenset[str] = frozenset()
+        self._adapters, self._generic = door_adapters(markers=settings.markers, off=settings.normalisations_off)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=64)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.forward.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers = headers_of(scope)
+        self.counters.add("requests")
+        kind = route_of(PROXY_ROUTES, scope["method"], scope["path"])
+        guard = Guard(own_origins=self.own_origins)
+        refusal = guard.judge(kind, headers)
+        if refusal is None and kind is Route.CONTROL:
+            refusal_text = "the slot and model control routes are each box's own: use `ocpc status` on the box"
+            await self.forward.json_answer(send, 403, {"error": refusal_text})
+            return
+        if refusal is None and kind is Route.API and guard.foreign(headers):
+            await self.forward.json_answer(
+                send, 403, {"error": "ocpc's gateway front serves programs on this machine, not web pages"}
+            )
+            self.counters.add("refused:foreign")
+            return
+        if refusal is not None:
+            self.counters.add(f"refused:{kind.value}")
+            await self.forward.json_answer(send, refusal.status, {"error": refusal.reason})
+        elif kind is Route.OWN:
+            if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
+                await self.forward.json_answer(send, 200, self.status())
+            else:
+                await self.forward.json_answer(send, 404, {"error": f"no such ocpc route: {scope['path']}"})
+        else:
+            await self._onward(scope, receive, send, headers)
+
+    async def _onward(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        """Every request goes on to the gateway with the token; an API request with its key."""
+        sent = {k: v for k, v in headers.items() if k not in ("authorization", HEADER)}
+        sent["authorization"] = f"Bearer {self.tokens.current()}"
+        api = API_PATHS.get(scope["path"]) if scope["method"] == "POST" else None
+        body: bytes | None = None
+        if api is not None:
+            raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
+            if complete:
+                keyed = await asyncio.to_thread(self.key_of, api, headers, raw)
+                body = raw
+            else:
+                keyed = Keyed(adapter="", key=None, why_not="oversized")
+                body = None
+                await self.forward.relay(
+                    scope, receive, send, headers=sent, path=path_of(scope), body=rest(raw, receive)
+                )
+                self._remember(scope["path"], keyed)
+                return
+            if keyed.key:
+                sent[HEADER] = keyed.key
+                self.counters.add(f"keyed:{keyed.adapter}")
+            else:
+                self.counters.add(f"not_keyed:{keyed.why_not}")
+            self._remember(scope["path"], keyed)
+        await self.forward.relay(scope, receive, send, headers=sent, path=path_of(scope), body=body)
+
+    def key_of(self, api: str, headers: dict[str, str], raw: bytes) -> Keyed:
+        """The routing key of one request, read as the box's proxy reads it (same adapters, same
+        normalisation); never raises: a request that cannot be keyed goes on without one."""
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                return Keyed(adapter="", key=None, why_not="not_json")
+            incoming = Incoming(api=api, headers=headers, body=data)
+            adapter = select(incoming, enabled=self.settings.adapters, adapters=self._adapters, fallback=self._generic)
+            body, _ = adapter.normalise(incoming)
+            chat = to_chat(body) if api == "anthropic" else responses.prepared(body) if api == "responses" else body
+            key = adapter.key(incoming, chat)
+        except (ValueError, RecursionError, TranslationError) as exc:
+            return Keyed(adapter="", key=None, why_not=f"unreadable: {type(exc).__name__}")
+        except Exception:  # noqa: BLE001 (a bug of ours: the request goes on, unkeyed)
+            log.exception("keying a request failed; it goes on without a routing key")
+            return Keyed(adapter="", key=None, why_not="internal")
+        value = routing_key(adapter.name, key)
+        return Keyed(adapter=adapter.name, key=value, why_not="" if value else "no_conversation")
+
+    def _remember(self, path: str, keyed: Keyed) -> None:
+        self._recent.append(
+            {"at": time.time(), "path": path, "adapter": keyed.adapter, "key": keyed.key, "why_not": keyed.why_not}
+        )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "gateway": self.server,
+            "counters": self.counters.snapshot(),
+            "recent": list(self._recent),
+        }
+
+    def close(self) -> None:
+        """Nothing runs in threads of its own (ProxyServer calls this after it stops)."""
