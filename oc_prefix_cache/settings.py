@@ -327,6 +327,7 @@ NORMALISATIONS = frozenset(
         "strip-cache-control",
         "environment-to-system",
         "merge-developer-messages",
+        "gateway-responses-fields",
     }
 )
 

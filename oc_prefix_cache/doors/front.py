@@ -10,8 +10,12 @@ one header, which smg hashes to pick the box and the box reads back to name the 
 What the front changes: it adds the routing key and sends the deployment's token as the request's
 ``Authorization`` (doors/token.py; the agent's own placeholder key is replaced). The body goes on
 as the agent sent it: the box normalises it, as its proxy does for a local agent, so one place
-decides what a request becomes. A request it cannot key (not JSON, too big, a title) goes on
-without a key: smg then picks any box, which serves it as plain llama-server would.
+decides what a request becomes. One exception, for the gateway's sake: smg's Responses schema
+refuses a field it does not know with HTTP 400, and Codex sends one (``client_metadata``, which
+llama-server ignores), so a Responses body goes on without such fields (``gateway-responses-fields``,
+switchable off like every normalisation; docs/scale.md says what smg itself adds to it). A
+request it cannot key (not JSON, too big, a title) goes on without a key: smg then picks any box,
+which serves it as plain llama-server would.
 
 A web page's request (a foreign ``Origin`` or ``Host``) is refused here with 403: the front would
 send it with the deployment's token, and a page must not spend that (doors/guard.py).
@@ -33,7 +37,7 @@ from oc_prefix_cache.chat.anthropic import to_chat
 from oc_prefix_cache.chat.head import MAX_BODY_BYTES
 from oc_prefix_cache.doors.forward import Bounds, Counters, Forwarder
 from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
-from oc_prefix_cache.doors.relay import Receive, Scope, Send, headers_of, path_of, read_body, rest
+from oc_prefix_cache.doors.relay import Receive, Scope, Send, dump, headers_of, path_of, read_body, rest
 from oc_prefix_cache.doors.token import TokenFile
 from oc_prefix_cache.errors import TranslationError
 from oc_prefix_cache.harness import Incoming, door_adapters, select
@@ -41,6 +45,18 @@ from oc_prefix_cache.harness.routing_key import HEADER, routing_key
 from oc_prefix_cache.settings import Settings
 
 log = logging.getLogger("ocpc.front")
+
+#: The top-level fields smg 1.13.0's Responses schema takes (its 400 for any other lists them).
+#: Codex sends one more, ``client_metadata`` (turn ids; llama-server ignores it): smg refuses the
+#: request whole (HTTP 400), so the front leaves out what smg would refuse ("gateway-responses-fields").
+SMG_RESPONSES_FIELDS = frozenset(
+    "include background input instructions max_output_tokens max_tool_calls metadata model conversation "
+    "parallel_tool_calls previous_response_id reasoning service_tier store stream temperature tool_choice "
+    "tools top_logprobs top_p truncation text user request_id priority frequency_penalty presence_penalty "
+    "stop prompt prompt_cache_key prompt_cache_retention safety_identifier stream_options context_management "
+    "top_k min_p repetition_penalty".split()
+)
+NORMALISATION = "gateway-responses-fields"
 
 API_PATHS = {
     "/v1/chat/completions": "openai",
@@ -58,6 +74,7 @@ class Keyed:
     adapter: str
     key: str | None
     why_not: str = ""
+    body: bytes | None = None  # the body to send instead of the agent's (a normalisation), else None
 
 
 class Front:
@@ -122,7 +139,7 @@ class Front:
             raw, complete = await read_body(receive, limit=MAX_BODY_BYTES, declared=headers.get("content-length"))
             if complete:
                 keyed = await asyncio.to_thread(self.key_of, api, headers, raw)
-                body = raw
+                body = keyed.body if keyed.body is not None else raw
             else:
                 keyed = Keyed(adapter="", key=None, why_not="oversized")
                 body = None
@@ -157,7 +174,19 @@ class Front:
             log.exception("keying a request failed; it goes on without a routing key")
             return Keyed(adapter="", key=None, why_not="internal")
         value = routing_key(adapter.name, key)
-        return Keyed(adapter=adapter.name, key=value, why_not="" if value else "no_conversation")
+        sent = self._for_the_gateway(api, data)
+        return Keyed(adapter=adapter.name, key=value, why_not="" if value else "no_conversation", body=sent)
+
+    def _for_the_gateway(self, api: str, data: dict[str, Any]) -> bytes | None:
+        """A Responses body without the fields smg's schema refuses (``SMG_RESPONSES_FIELDS``); None
+        when nothing is left out (the agent's bytes go on) or the normalisation is switched off."""
+        if api != "responses" or NORMALISATION in self.settings.normalisations_off:
+            return None
+        kept = {k: v for k, v in data.items() if k in SMG_RESPONSES_FIELDS}
+        if len(kept) == len(data):
+            return None
+        self.counters.add(f"normalised:{NORMALISATION}")
+        return dump(kept)
 
     def _remember(self, path: str, keyed: Keyed) -> None:
         self._recent.append(

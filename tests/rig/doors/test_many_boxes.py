@@ -10,17 +10,20 @@ the deployment's token (401), whatever its address: these doors are on 127.0.0.2
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.boxes import Box, Gateway, direct, make_token, pretty, token_of
+from tests.boxes import MODEL_ALIAS, Box, Gateway, direct, make_token, pretty, token_of
 from tests.e2e.test_e2e_aider import BIN as AIDER_BIN
 from tests.e2e.test_e2e_aider import aider_home, finish, start_aider, wait_for
 from tests.e2e.test_e2e_claude_code import BIN as CLAUDE_BIN
 from tests.e2e.test_e2e_claude_code import END_AT_ONCE, claude_env, make_project, run_claude
+from tests.helpers import DATA
 
 pytestmark = pytest.mark.rig
 
@@ -135,3 +138,59 @@ def test_a_box_door_off_loopback_refuses_a_request_without_the_token(deployment:
     with pytest.raises(httpx.HTTPError):  # the slot API is not on the network address at all
         with direct() as client:
             client.get(f"http://{box.address}:{box.server_port}/slots")
+
+
+#: One first request of every agent ocpc supports, as captured (OpenCode's as its plugin-less proxy
+#: path sends it), and the adapter that must read it on the box.
+EVERY_AGENT = (
+    ("aider-0.86.2/A1.json", "aider"),
+    ("claude-code-2.1.332-installed/A1.json", "claude-code"),
+    ("cline-3.0.65/A1.json", "cline"),
+    ("codex-0.171.0/A1.json", "codex"),
+    ("kilo-code-7.7.9/A1.json", "kilo-code"),
+    ("opencode-1.18.33/02_projA_turn1_main_request.json", "opencode"),
+    ("openhands-1.16.0/A1.json", "openhands"),
+    ("pi-0.73.1/A1-affinity.json", "pi"),
+    ("qwen-code-0.24.4/A1-memory.json", "qwen-code"),
+)
+
+
+def test_every_agents_request_goes_through_the_gateway_keyed_and_prepared_on_a_box(
+    deployment: tuple[list[Box], Gateway],
+) -> None:
+    """Each agent's captured first request, with its own headers, sent to the front: smg forwards it
+    (Codex's Responses body without the field smg's schema refuses), the box it lands on reads the
+    adapter and the conversation from the routing key alone, and answers 200."""
+    boxes, gateway = deployment
+    with direct() as client:
+        client.timeout = httpx.Timeout(600)
+        for relative, adapter in EVERY_AGENT:
+            body, headers, path = capture_request(relative)
+            answer = client.post(f"{gateway.url}{path}", json=body, headers=headers)
+            assert answer.status_code == 200, (relative, answer.text[:500])
+    rows = [r for box in boxes for r in box.network_rows()]
+    served = {r["adapter"] for r in rows if r["conversation"].startswith("routed-") and r["action"] in PREPARED}
+    assert served >= {adapter for _, adapter in EVERY_AGENT}, pretty(rows)
+    counters = gateway.status()["counters"]
+    assert counters.get("normalised:gateway-responses-fields") == 1, counters
+
+
+PREPARED = ("warmed", "restored", "hit", "skipped", "loaded")
+
+
+def capture_request(relative: str) -> tuple[dict[str, Any], dict[str, str], str]:
+    """A capture's body (its model the boxes' alias, its output cut short), headers and path."""
+    path = DATA / relative
+    data = json.loads(path.read_text())
+    if "body_json" not in data:  # opencode-1.18.33: the body alone, its headers beside it
+        listed = json.loads((path.parent / "headers_and_hashes.json").read_text())[path.name]["headers"]
+        data = {"body_json": data, "headers": listed, "path": "/v1/chat/completions"}
+    body = dict(data["body_json"])
+    body["model"] = MODEL_ALIAS
+    for field in ("max_tokens", "max_output_tokens", "max_completion_tokens"):
+        if field in body:
+            body[field] = 16
+    pairs = data["headers"].items() if isinstance(data["headers"], dict) else data["headers"]
+    dropped = ("host", "content-length", "accept-encoding", "connection", "authorization", "x-api-key")
+    headers = {str(k): str(v) for k, v in pairs if str(k).lower() not in dropped}
+    return body, headers, data["path"].split("?")[0]
