@@ -6,6 +6,7 @@ Listing commands take ``--json`` and then print plain JSON on stdout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -625,6 +626,13 @@ def launch(
             "with the deployment's token: `ocpc token`). Off: loopback only."
         ),
     ] = None,
+    shared_store: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="OC_PREFIX_CACHE_SHARED_STORE",
+            help="Many boxes: a folder every box reads and writes; heads and parks move between boxes through it.",
+        ),
+    ] = None,
 ) -> None:
     """Start llama-server with the flags the cache needs, and the daemon beside it.
 
@@ -639,6 +647,8 @@ def launch(
 
     with edge():
         settings = Settings.from_env()
+        if shared_store is not None:
+            settings = dataclasses.replace(settings, shared_store=shared_store)
         host = "127.0.0.1"
         door = launcher.parse_listen(listen) if listen else None
         if door is not None:

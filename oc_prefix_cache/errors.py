@@ -30,6 +30,7 @@ to do.
      ├── Contended                a probe failed, but another request touched the slot: nobody's fault
      ├── ParkTooBig               a park over the park cap: not written
      ├── StoodDown                learned mid-prepare: restores cannot serve on this server
+     ├── DigestPending            a model file's content digest is being read: no prepare until it is known
      ├── InstallError             a harness's config cannot be changed (or put back) safely
      ├── FormatError              the config's text is not valid in its format (says where)
      └── JsoncError               not JSON, even allowing comments and trailing commas
@@ -153,6 +154,11 @@ class StoodDown(OcpcError):
 
 
 # -- installs ----------------------------------------------------------------------------------
+class DigestPending(OcpcError):
+    """A file behind the server's identity is still being digested (first sight of a large model):
+    the request goes on unprepared, and a later one finds the digest (disk/content_digest.py)."""
+
+
 class InstallError(OcpcError):
     """A harness's config cannot be changed (or put back) safely."""
 

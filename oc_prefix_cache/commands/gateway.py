@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -70,8 +71,10 @@ class GatewayPlan:
         ]
 
     def shell_command(self, token_path: Path) -> str:
-        """The command a user runs to start smg themselves (``ocpc gateway --print-smg``)."""
-        return " ".join(["smg", *self.smg_args(), f'--api-key="$(cat {token_path})"'])
+        """The command a user runs to start smg themselves (``ocpc gateway --print-smg``): through
+        ``smg_entry``, so the key is read from the file and never on smg's command line (``ps``)."""
+        entry = [sys.executable, "-m", "oc_prefix_cache.commands.smg_entry", str(token_path), "--"]
+        return " ".join(shlex.quote(part) for part in [*entry, *self.smg_args()])
 
 
 def plan(boxes: Sequence[str], *, policy: str, smg_host: str, smg_port: int | None) -> GatewayPlan:

@@ -374,7 +374,7 @@ def start_network_door(
     from oc_prefix_cache.doors.token import TokenFile
 
     host, port = listen
-    network = NetworkDoor(host=host, tokens=TokenFile(settings.token_path))
+    network = NetworkDoor.on(host, TokenFile(settings.token_path))
     peer = beside if isinstance(beside, Proxy) else None
     door = ProxyServer(
         Proxy(settings=settings, engine=daemon.engine, network=network, beside=peer), host=host, port=port

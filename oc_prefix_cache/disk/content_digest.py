@@ -21,17 +21,30 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from oc_prefix_cache.errors import DigestPending
 from oc_prefix_cache.files import write_private
 
 log = logging.getLogger("ocpc.store")
 
 CHUNK = 8 << 20  # 8 MiB reads: at disk speed, without holding a model in memory
 FILE_VERSION = 1
+
+
+class BoundedDigests:
+    """``ContentDigests`` asked within a bound (``within``): what a request's identity reads."""
+
+    def __init__(self, owner: ContentDigests, seconds: float) -> None:
+        self.owner, self.seconds = owner, seconds
+
+    def digest(self, path: str | Path) -> str | None:
+        return self.owner.digest_within(path, self.seconds)
 
 
 def file_content_digest(path: Path) -> str:
@@ -55,7 +68,33 @@ class ContentDigests:
         self._guard = threading.Lock()  # the memory
         self._reading = threading.Lock()  # one file read at a time: a second caller waits, then finds it
         self._memory: dict[tuple[str, int, int], str] = {}
+        self._jobs: dict[str, Future[str | None]] = {}  # files being digested for ``digest_within``
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocpc-digest")
         self.computed = 0  # files read in full by this object (tests; status)
+
+    def within(self, seconds: float) -> BoundedDigests:
+        """This cache as a request may ask it: a file not digested yet is digested in the
+        background, waited for ``seconds`` at most (then ``DigestPending``: the request goes on
+        without a prepare, as plain llama-server would serve it, and a later one finds it)."""
+        return BoundedDigests(self, seconds)
+
+    def digest_within(self, path: str | Path, seconds: float) -> str | None:
+        name = os.path.abspath(path)
+        with self._guard:
+            job = self._jobs.get(name)
+            if job is None or (job.done() and job.exception() is not None):
+                job = self._jobs[name] = self._background.submit(self.digest, name)
+        try:
+            found = job.result(timeout=max(0.0, seconds))
+        except FutureTimeout:
+            raise DigestPending(
+                f"{name} is being read for its content digest (first sight of this file: a large model takes "
+                "a while); requests go on without ocpc until it is known"
+            ) from None
+        with self._guard:
+            if self._jobs.get(name) is job:
+                del self._jobs[name]  # the next ask stats the file again (memory answers at once)
+        return found
 
     def digest(self, path: str | Path) -> str | None:
         """The file's content digest, or None when it cannot be read here."""

@@ -40,14 +40,15 @@ OPEN_TO_OTHERS = 0o077  # any group or other bit: read, write or search
 
 #: ocpc's files directly in its home: the index and its lock, the install records, the self-tests,
 #: the file digests (disk/content_digest.py), a launch's lock and runtime file, the slot locks,
-#: and write_atomic's temp names (``.NAME.XXXX.tmp``).
+#: the deployment's token and the previous one (doors/token.py), this box's name in a shared store
+#: (disk/shared_store.py), and write_atomic's temp names (``.NAME.XXXX.tmp``).
 _HOME_FILE = re.compile(
     r"index\.json|index\.lock|install\.json|capabilities\.json|digests\.json|launch-\d+\.lock|server-\d+\.json"
-    r"|slot-[0-9a-f]+\.lock|\..+\.tmp"
+    r"|slot-[0-9a-f]+\.lock|token|token\.previous|box-id|\..+\.tmp"
 )
 #: logging's rotations (.1, .2), the event log and its old generation, the plugin's log.
 _LOG_FILE = re.compile(
-    r"(?:daemon|proxy)\.log(?:\.\d+)?|llama-server-\d+\.log|events\.jsonl(?:\.1)?"
+    r"(?:daemon|proxy|gateway)\.log(?:\.\d+)?|llama-server-\d+\.log|smg-\d+\.log|events\.jsonl(?:\.1)?"
     r"|plugin\.jsonl|\..+\.tmp"
 )
 _PLUGIN_FILE = re.compile(r"ocpc-plugin\.js(?:on)?|\..+\.tmp")

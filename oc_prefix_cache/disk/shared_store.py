@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from pathlib import Path
 import xxhash
 
 from oc_prefix_cache.disk.index import Entry, Index
-from oc_prefix_cache.disk.slotfile import is_slot_file_name
+from oc_prefix_cache.disk.slotfile import PART_RE, is_slot_file_name, part_name, slot_filename
 from oc_prefix_cache.errors import StoreError
 from oc_prefix_cache.files import private_dir, write_private
 
@@ -48,6 +49,7 @@ SHARED_KINDS = frozenset({"head", "proj", "conv"})
 FROM_BOX = "from_box"
 _BOX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _CHUNK = 8 * 2**20
+STALE_PART_S = 3600.0  # a temp copy older than this is a dead copier's: removed from the own folder
 
 
 def box_id(home: Path) -> str:
@@ -89,6 +91,8 @@ class SharedStore:
         if not _BOX_RE.fullmatch(box):
             raise StoreError(f"not a box name for the shared store: {box!r}")
         self.root, self.box, self.slot_dir = root, box, slot_dir
+        # each other box's index as last read, by its file's stat: a prepare re-reads only what changed
+        self._read: dict[str, tuple[tuple[int, int, int], list[Found]]] = {}
 
     @property
     def own(self) -> Path:
@@ -115,33 +119,52 @@ class SharedStore:
             del published.entries[key]
         keep = {e.file for e in published.entries.values()}
         removed = 0
-        for path in self.own.iterdir():
-            if is_slot_file_name(path.name) and path.name not in keep:  # only files named like ours
+        now = time.time()
+        for path in self.own.iterdir():  # only files named like ours: slot files, and dead copies of them
+            stale_part = PART_RE.fullmatch(path.name) is not None and now - _mtime(path) > STALE_PART_S
+            if (is_slot_file_name(path.name) and path.name not in keep) or stale_part:
                 path.unlink(missing_ok=True)
                 removed += 1
         self._write_own_index(published)
         return Published(copied=copied, removed=removed)
 
     # -- bringing: another box's file, into this box's slot folder --------------------------------
-    def others(self) -> list[Found]:
+    def others(self, *, until: float | None = None) -> list[Found]:
         """Every entry the other boxes published, newest use first (a box whose index cannot be
-        read is skipped and said: it costs this box what that box had, nothing else)."""
+        read is skipped and said: it costs this box what that box had, nothing else). ``until``: a
+        ``time.monotonic()`` past which the boxes not yet read are left out (a request's deadline)."""
         found: list[Found] = []
         for folder in self._box_folders():
-            if folder.name == self.box:
-                continue
-            try:
-                index = Index.from_json(json.loads((folder / "index.json").read_bytes()), source=str(folder))
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError, StoreError) as exc:
-                log.warning("the shared store's %s cannot be read (%s); its files are left out", folder, exc)
-                continue
-            for key, entry in index.entries.items():
-                if entry.kind in SHARED_KINDS and is_slot_file_name(entry.file):
-                    found.append(Found(box=folder.name, key=key, entry=entry, path=folder / entry.file))
+            if until is not None and time.monotonic() > until:
+                log.info("the shared store's folders were not all read within the request's deadline")
+                break
+            if folder.name != self.box:
+                found += self._entries_of(folder)
         found.sort(key=lambda f: f.entry.last_used, reverse=True)
         return found
+
+    def _entries_of(self, folder: Path) -> list[Found]:
+        path = folder / "index.json"
+        try:
+            info = path.stat()
+        except OSError:
+            return []
+        stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+        cached = self._read.get(folder.name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            index = Index.from_json(json.loads(path.read_bytes()), source=str(folder))
+        except (OSError, ValueError, StoreError) as exc:
+            log.warning("the shared store's %s cannot be read (%s); its files are left out", folder, exc)
+            return []
+        entries = [
+            Found(box=folder.name, key=key, entry=entry, path=folder / entry.file)
+            for key, entry in index.entries.items()
+            if entry.kind in SHARED_KINDS and _named_for(key, entry)
+        ]
+        self._read[folder.name] = (stamp, entries)
+        return entries
 
     def as_index(self, found: Iterable[Found]) -> Index:
         """The others' entries as one index, for the lookups a local index gets (``find_park``):
@@ -151,11 +174,14 @@ class SharedStore:
             index.entries.setdefault(item.key, item.entry)
         return index
 
-    def bring(self, item: Found) -> Entry | None:
-        """Copy ``item``'s file into the slot folder (whole, checked against its digest) and give
-        the entry to record locally; None when the copy failed or did not match (never used)."""
+    def bring(self, item: Found, *, until: float | None = None) -> Entry | None:
+        """Copy ``item``'s file into the slot folder (whole, checked against its digest, under the
+        name its key and kind give: never another file's) and give the entry to record locally;
+        None when the copy failed, did not match or ran past ``until`` (nothing is left behind)."""
+        if not _named_for(item.key, item.entry):
+            return None
         target = self.slot_dir / item.entry.file
-        if not _copy_checked(item.path, target, item.entry.xxh64):
+        if not _copy_checked(item.path, target, item.entry.xxh64, until=until):
             return None
         extra = {**item.entry.extra, FROM_BOX: item.box}
         return replace(item.entry, chain=list(item.entry.chain), extra=extra)
@@ -181,6 +207,22 @@ class SharedStore:
             return []
 
 
+def _named_for(key: str, entry: Entry) -> bool:
+    """Whether ``entry``'s file is the one its key and kind name (an entry naming any other file,
+    or a path, is never copied anywhere)."""
+    try:
+        return entry.file == slot_filename(key, entry.kind)
+    except ValueError:
+        return False
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
 def _shareable(entry: Entry) -> bool:
     return (
         entry.kind in SHARED_KINDS
@@ -190,20 +232,25 @@ def _shareable(entry: Entry) -> bool:
     )
 
 
-def _copy_checked(source: Path, target: Path, xxh64: str) -> bool:
-    """Copy ``source`` to ``target`` whole (a temp name beside it, fsync, rename, 0600) when its
-    bytes digest to ``xxh64``; False (nothing left behind) when they do not or a read fails."""
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.copy")
+def _copy_checked(source: Path, target: Path, xxh64: str, *, until: float | None = None) -> bool:
+    """Copy ``source`` to ``target`` whole (a temp name beside it, as a save's: gc knows it; fsync,
+    rename, 0600) when its bytes digest to ``xxh64``; False, nothing left behind, when they do not,
+    a read fails, or the copy runs past ``until`` (``time.monotonic()``)."""
+    tmp = target.with_name(part_name(target.name, secrets.token_hex(4)))
     digest = xxhash.xxh64()
     try:
         private_dir(target.parent)
         with open(source, "rb") as src, open(tmp, "xb", opener=_private) as out:
             while chunk := src.read(_CHUNK):
+                if until is not None and time.monotonic() > until:
+                    log.info("copying %s ran past its deadline; left for another time", source)
+                    tmp.unlink(missing_ok=True)
+                    return False
                 digest.update(chunk)
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        if xxh64 and digest.hexdigest() != xxh64:
+        if not xxh64 or digest.hexdigest() != xxh64:
             log.info("%s does not match its index entry (being replaced?); not copied", source)
             tmp.unlink(missing_ok=True)
             return False

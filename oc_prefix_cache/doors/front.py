@@ -36,7 +36,7 @@ from oc_prefix_cache.chat import responses
 from oc_prefix_cache.chat.anthropic import to_chat
 from oc_prefix_cache.chat.head import MAX_BODY_BYTES
 from oc_prefix_cache.doors.forward import Bounds, Counters, Forwarder
-from oc_prefix_cache.doors.guard import PROXY_ROUTES, Guard, Route, route_of
+from oc_prefix_cache.doors.guard import FRONT_ROUTES, Guard, Route, route_of
 from oc_prefix_cache.doors.relay import Receive, Scope, Send, dump, headers_of, path_of, read_body, rest
 from oc_prefix_cache.doors.token import TokenFile
 from oc_prefix_cache.errors import TranslationError
@@ -105,29 +105,36 @@ class Front:
             return
         headers = headers_of(scope)
         self.counters.add("requests")
-        kind = route_of(PROXY_ROUTES, scope["method"], scope["path"])
+        kind = route_of(FRONT_ROUTES, scope["method"], scope["path"])
         guard = Guard(own_origins=self.own_origins)
-        refusal = guard.judge(kind, headers)
-        if refusal is None and kind is Route.CONTROL:
-            refusal_text = "the slot and model control routes are each box's own: use `ocpc status` on the box"
-            await self.forward.json_answer(send, 403, {"error": refusal_text})
-            return
-        if refusal is None and kind is Route.API and guard.foreign(headers):
-            await self.forward.json_answer(
-                send, 403, {"error": "ocpc's gateway front serves programs on this machine, not web pages"}
-            )
-            self.counters.add("refused:foreign")
-            return
-        if refusal is not None:
-            self.counters.add(f"refused:{kind.value}")
-            await self.forward.json_answer(send, refusal.status, {"error": refusal.reason})
-        elif kind is Route.OWN:
-            if scope["path"] == "/ocpc/status" and scope["method"] == "GET":
+        if kind is Route.OWN:
+            refusal = guard.judge(kind, headers)
+            if refusal is not None:
+                self.counters.add("refused:ocpc")
+                await self.forward.json_answer(send, refusal.status, {"error": refusal.reason})
+            elif scope["path"] == "/ocpc/status" and scope["method"] == "GET":
                 await self.forward.json_answer(send, 200, self.status())
             else:
                 await self.forward.json_answer(send, 404, {"error": f"no such ocpc route: {scope['path']}"})
-        else:
+        elif kind is Route.PROBE:
+            await self.forward.json_answer(send, 200, {"status": "ok"})
+        elif kind is Route.API and guard.foreign(headers):  # it would go on with the token: never a page's
+            self.counters.add("refused:foreign")
+            await self.forward.json_answer(
+                send, 403, {"error": "ocpc's gateway front serves programs on this machine, not web pages"}
+            )
+        elif kind is Route.API:
             await self._onward(scope, receive, send, headers)
+        else:
+            self.counters.add("refused:not_api")
+            await self.forward.json_answer(
+                send,
+                404,
+                {
+                    "error": f"the gateway front forwards the agents' API only, not {scope['method']} {scope['path']}; "
+                    "smg's own routes are the gateway's, and the slot API is each box's (`ocpc status` there)"
+                },
+            )
 
     async def _onward(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
         """Every request goes on to the gateway with the token; an API request with its key."""

@@ -42,6 +42,8 @@ from enum import Enum
 
 from oc_prefix_cache.doors.token import bearer
 
+#: A network door listening on every address answers to any name (the token guards it).
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 #: The names a loopback door answers to (``Host`` without its port).
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -90,14 +92,28 @@ PROXY_ROUTES: tuple[RouteRule, ...] = (
 )
 
 
+#: The agents' API as a path: what a gateway forwards and a box's network door serves.
+AGENT_API = "/(v1/)?(chat/completions|messages|messages/count_tokens|responses|completions)"
+
 #: Every route of a box's network door: the agents' API (with the token), a probe, and nothing else.
 NETWORK_ROUTES: tuple[RouteRule, ...] = (
     RouteRule("GET", "/health", Route.PROBE, "/health"),
     RouteRule("GET", "/(v1/)?models", Route.API, "/v1/models"),
-    RouteRule("POST", "/(v1/)?(chat/completions|messages|responses|completions)", Route.API, "/v1/chat/completions"),
+    RouteRule("POST", AGENT_API, Route.API, "/v1/chat/completions"),
     RouteRule("*", "/ocpc(/.*)?", Route.OWN, "/ocpc/status"),
     RouteRule("*", "/slots(/.*)?", Route.CONTROL, "/slots/0"),
     RouteRule("*", ".*", Route.PASS, "/props"),
+)
+
+#: Every route of ``ocpc gateway``'s front: the agents' API goes on to the gateway with the token;
+#: nothing else does (smg's own routes, ``/workers`` and the rest, accept that token as its API key:
+#: a web page or a stray request must never reach them through the front). Its ``/health`` is its own.
+FRONT_ROUTES: tuple[RouteRule, ...] = (
+    RouteRule("*", "/ocpc(/.*)?", Route.OWN, "/ocpc/status"),
+    RouteRule("GET", "/health", Route.PROBE, "/health"),
+    RouteRule("GET", "/(v1/)?models", Route.API, "/v1/models"),
+    RouteRule("POST", AGENT_API, Route.API, "/v1/chat/completions"),
+    RouteRule("*", ".*", Route.CONTROL, "/workers"),
 )
 
 
@@ -153,17 +169,11 @@ class Guard:
         return None
 
     def _judge_network(self, kind: Route, headers: Mapping[str, str]) -> Refusal | None:
+        """The token first (a request without it learns nothing, not even the door's names), then
+        the route (the agents' API only), then the name it was sent to: the door's own address or
+        name, any when it listens on every address (0.0.0.0, ::)."""
         if kind is Route.PROBE:
             return None
-        if kind is not Route.API:
-            return Refusal(
-                403,
-                "only the agents' API is served on a box's network door; "
-                "ocpc's and the server's other routes stay on loopback",
-            )
-        name = host_name(headers.get("host"))
-        if name not in self.hosts:
-            return Refusal(403, f"Host {name!r} is not a name of this door ({', '.join(sorted(self.hosts))})")
         given = bearer(headers)
         # each accepted token compared in constant time: the answer's timing tells nothing
         if given is None or not any([hmac.compare_digest(given.encode(), t.encode()) for t in self.tokens or ()]):
@@ -172,6 +182,15 @@ class Guard:
                 "this box's door asks for the deployment's token (Authorization: Bearer, the file `ocpc token` "
                 "writes); send it through `ocpc gateway`, or with smg's --api-key",
             )
+        if kind is not Route.API:
+            return Refusal(
+                403,
+                "only the agents' API is served on a box's network door; "
+                "ocpc's and the server's other routes stay on loopback",
+            )
+        name = host_name(headers.get("host"))
+        if not self.hosts & WILDCARD_HOSTS and name not in self.hosts:
+            return Refusal(403, f"Host {name!r} is not a name of this door ({', '.join(sorted(self.hosts))})")
         return None
 
     def foreign(self, headers: Mapping[str, str]) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -142,6 +143,17 @@ class NetworkDoor:
 
     host: str
     tokens: TokenFile
+    #: the names it answers to (``Host``): the address or name it was given, and what that resolves to
+    names: frozenset[str] = frozenset()
+
+    @classmethod
+    def on(cls, host: str, tokens: TokenFile) -> NetworkDoor:
+        names = {host.lower()}
+        try:
+            names |= {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            pass  # the bind says what is wrong with it
+        return cls(host=host, tokens=tokens, names=frozenset(names))
 
 
 class Proxy:
@@ -214,9 +226,8 @@ class Proxy:
         network door's names are its address, and its tokens are read as they are now (a rotation
         needs no restart)."""
         if self.network is not None:
-            return Guard(
-                hosts=frozenset({self.network.host}), own_origins=frozenset(), tokens=self.network.tokens.accepted()
-            )
+            names = self.network.names or frozenset({self.network.host})
+            return Guard(hosts=names, own_origins=frozenset(), tokens=self.network.tokens.accepted())
         return Guard(own_origins=self.own_origins)
 
     async def _own(self, scope: Scope, send: Send) -> None:
@@ -443,8 +454,11 @@ class Proxy:
     def _adapter_for(self, api: str, headers: dict[str, str], data: dict[str, Any]) -> tuple[Incoming, Adapter]:
         """The request as the adapters see it, and the one that recognises it (else the generic)."""
         incoming = Incoming(api=api, headers=headers, body=data)
-        routed = routed_adapter(headers.get(ROUTING_HEADER), (*self._adapters, self._generic))
-        if routed is not None:  # keyed by ocpc's front before a gateway: the key it sent names the conversation
+        # keyed by ocpc's front before a gateway: the key it sent names the conversation. Read on the
+        # network door only, where the deployment's token vouches for it (on loopback, any local
+        # program could claim another conversation's key with it)
+        routed = routed_adapter(headers.get(ROUTING_HEADER), (*self._adapters, self._generic)) if self.network else None
+        if routed is not None:
             return incoming, routed
         return incoming, select(incoming, enabled=ADAPTER_NAMES, adapters=self._adapters, fallback=self._generic)
 

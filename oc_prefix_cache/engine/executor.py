@@ -40,7 +40,7 @@ from oc_prefix_cache.errors import (
 )
 from oc_prefix_cache.files import chmod_private
 from oc_prefix_cache.llama.client import SlotClient
-from oc_prefix_cache.llama.fingerprint import ServerIdentity
+from oc_prefix_cache.llama.fingerprint import ServerIdentity, server_key
 
 log = logging.getLogger("ocpc.executor")
 INDEX_WAIT_S = 2.0  # the longest a prepare waits for the index lock (another daemon or gc holds it)
@@ -321,6 +321,7 @@ class Executor:
                 xxh64=digest,
                 kind="head",
                 head=plan.fingerprint,
+                identity=server_key(server),  # what another box's head must match (engine/shared.py)
             ),
             key=plan.fingerprint,
             deadline=deadline,

@@ -17,14 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from oc_prefix_cache.deadline import Deadline
+from oc_prefix_cache.disk.content_digest import ContentDigests
 from oc_prefix_cache.engine.tracker import Observation, Seen, SlotTracker
 from oc_prefix_cache.errors import OcpcError
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.families import CacheFacts
-from oc_prefix_cache.llama.fingerprint import Digests, ServerIdentity
+from oc_prefix_cache.llama.fingerprint import ServerIdentity
 from oc_prefix_cache.llama.server_info import LoraMemo, child_process, gather_identity, process_start, server_command
 
 log = logging.getLogger("ocpc.prepare")
+
+
+#: How long a request waits for a file's first content digest before going on unprepared.
+DIGEST_WAIT_S = 2.0
 
 
 class ServerView:
@@ -43,7 +48,7 @@ class ServerView:
         binary: Path | None,
         runtime: dict[str, Any] | None,
         learn: Callable[[CacheFacts], None],
-        digests: Digests | None = None,
+        digests: ContentDigests | None = None,
     ) -> None:
         self.client = client
         self.server = client.server_id
@@ -89,7 +94,10 @@ class ServerView:
             deadline=deadline,
             lora=self.lora,
             epoch=self.tracker.epoch(self.server),
-            digests=self._digests,
+            # a file not digested yet is read in the background: this request waits a moment, no more
+            digests=self._digests.within(min(DIGEST_WAIT_S, max(0.0, deadline.remaining())))
+            if self._digests is not None
+            else None,
         )
         self._learn(server.cache)
         return server

@@ -59,7 +59,9 @@ from oc_prefix_cache.engine.standdown import Declarer, StandDown
 from oc_prefix_cache.engine.telemetry import Stats, Telemetry
 from oc_prefix_cache.engine.tracker import SlotTracker
 from oc_prefix_cache.engine.watch import Watch
+from oc_prefix_cache.errors import OcpcError
 from oc_prefix_cache.llama.client import SlotClient
+from oc_prefix_cache.llama.fingerprint import server_key
 from oc_prefix_cache.llama.server_info import port_of, read_runtime
 from oc_prefix_cache.settings import Settings
 
@@ -190,9 +192,18 @@ class Engine:
     def warm_start(self, *, deadline: Deadline, yielding: bool = False) -> list[str]:
         """Bring the heads other boxes warmed (a shared store: engine/shared.py), then restore into
         each idle slot the head or project head it held last (engine/lifecycle.py)."""
-        brought = self.shared.bring_heads() if self.shared is not None else []
+        brought = self._bring_heads(deadline) if self.shared is not None else []
         said = [f"{len(brought)} heads brought from the shared store"] if brought else []
         return said + self.lifecycle.warm_start(deadline=deadline, yielding=yielding)
+
+    def _bring_heads(self, deadline: Deadline) -> list[str]:
+        assert self.shared is not None
+        try:
+            identity = server_key(self.view.identity(deadline))
+        except OcpcError as exc:  # the server not up yet, its model not digested yet: the first miss brings them
+            log.info("no heads brought from the shared store at start: %s", exc)
+            return []
+        return self.shared.bring_heads(identity, deadline=deadline)
 
     def warm_loaded(self, *, woke: bool, deadline: Deadline) -> list[str]:
         """Behind a router: warm the slots of a model just loaded or woken (engine/lifecycle.py)."""

@@ -44,7 +44,8 @@ def test_the_command_line_names_the_token_file_never_the_token(tmp_path: Path) -
     process = gateway.smg_process(settings, plan)
     assert str(tmp_path / "t") in process.argv and not any("api-key" in a for a in process.argv)
     assert not any(k.lower().endswith("_proxy") for k in (process.env or {}))  # boxes reached directly
-    assert '--api-key="$(cat ' in plan.shell_command(settings.token_path)
+    printed = plan.shell_command(settings.token_path)
+    assert "oc_prefix_cache.commands.smg_entry" in printed and "api-key" not in printed
 
 
 @pytest.mark.parametrize(

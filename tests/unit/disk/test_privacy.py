@@ -25,9 +25,12 @@ from oc_prefix_cache.cli import app
 from oc_prefix_cache.commands.doctor import _privacy
 from oc_prefix_cache.commands.launch import _write_runtime, launch_lock
 from oc_prefix_cache.disk.events import Event, EventLog
-from oc_prefix_cache.disk.index import Store
+from oc_prefix_cache.disk.index import Entry, Index, Store
 from oc_prefix_cache.disk.privacy import scan, tighten, tighten_at_start
-from oc_prefix_cache.files import file_lock, write_private
+from oc_prefix_cache.disk.shared_store import SharedStore, box_id
+from oc_prefix_cache.disk.slotfile import file_digest, slot_filename
+from oc_prefix_cache.doors import token
+from oc_prefix_cache.files import file_lock, private_dir, write_private
 from oc_prefix_cache.install import install as install_opencode
 from oc_prefix_cache.llama.client import SlotClient
 from oc_prefix_cache.llama.server_process import free_port
@@ -119,6 +122,28 @@ def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(umas
         opencode_version=None,
     )
     _run_child_writing(s.log_dir / "made-by-child.txt", log=s.log_dir / f"llama-server-{port}.log")
+    # many boxes: the deployment's token (made, rotated), this box's name, and a shared store
+    token.create(s.token_path)
+    token.rotate(s.token_path)
+    store = SharedStore(tmp_path / "store", box=box_id(s.home), slot_dir=s.slot_dir)
+    private_dir(s.slot_dir)
+    write_private(s.slot_dir / slot_filename("a" * 16, "conv"), b"kv")  # as llama-server under umask 077
+    entry = Entry(
+        file=slot_filename("a" * 16, "conv"),
+        bytes=2,
+        prefix_tokens=1,
+        created=1,
+        last_used=1,
+        model="m",
+        server_build="b",
+        harness="h",
+        xxh64=file_digest(s.slot_dir / slot_filename("a" * 16, "conv")),
+        kind="conv",
+    )
+    store.publish(Index(entries={"a" * 16: entry}))
+    other = SharedStore(tmp_path / "store", box="other-box", slot_dir=tmp_path / "another-box" / "slots")
+    (item,) = other.others()
+    assert other.bring(item) is not None
 
     written = {p.relative_to(s.home).as_posix() for p in s.home.rglob("*")}
     assert {
@@ -136,10 +161,22 @@ def test_everything_ocpc_writes_without_a_server_is_private_under_umask_022(umas
         "install.json",
         f"logs/llama-server-{port}.log",
         "logs/made-by-child.txt",
+        "token",
+        "token.previous",
+        "box-id",
     } <= written, written
+    shared = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "store").rglob("*")}
+    assert {f"store/{box_id(s.home)}/index.json", f"store/{box_id(s.home)}/{entry.file}"} <= shared, shared
+    assert open_to_others(tmp_path / "store") == [] and open_to_others(tmp_path / "another-box") == []
     assert any(name.startswith("backups/opencode.json.") for name in written), written
     assert open_to_others(s.home) == []
     assert mode(config) == 0o644  # the user's own config keeps its mode
+    # and every file written is known as ocpc's: an earlier ocpc's open home is tightened, not left
+    # alone as a home holding files not ocpc's (the token, once, was not known)
+    for path in (s.home, s.slot_dir):
+        path.chmod(0o755)
+    tighten_at_start(s)
+    assert (mode(s.home), mode(s.slot_dir)) == (0o700, 0o700)
 
 
 def _run_child_writing(path: Path, *, log: Path) -> None:

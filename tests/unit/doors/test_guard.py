@@ -165,7 +165,7 @@ def network_proxy(settings: Settings, stub: Any, token_path: Path) -> Proxy:
     from oc_prefix_cache.doors.proxy import NetworkDoor
 
     token.create(token_path)
-    door = NetworkDoor(host=NETWORK_HOST, tokens=token.TokenFile(token_path))
+    door = NetworkDoor.on(NETWORK_HOST, token.TokenFile(token_path))
     return Proxy(settings=settings, engine=engine_for_url(settings, server_url=stub.url), network=door)
 
 
@@ -200,7 +200,7 @@ def test_a_network_door_serves_only_the_agents_api_and_only_with_the_token(
                         reached
                     )
                 else:
-                    assert answer.status_code == (401 if kind is Route.API else 403), (
+                    assert answer.status_code == (403 if authorised else 401), (
                         method,
                         path,
                         headers,
@@ -247,3 +247,51 @@ def test_no_authorization_value_but_the_token_itself_passes_a_network_guard(valu
     )
     assert guard.judge(Route.OWN, headers) is not None and guard.judge(Route.CONTROL, headers) is not None
     assert Guard(hosts=frozenset({NETWORK_HOST}), tokens=frozenset()).judge(Route.API, headers) is not None
+    # without the token, a request learns nothing of the door: 401 whatever it asks and whatever name it uses
+    if not admitted:
+        for kind in (Route.API, Route.OWN, Route.CONTROL, Route.PASS):
+            refusal = guard.judge(kind, {**headers, "host": "elsewhere.example"})
+            assert refusal is not None and refusal.status == 401 and NETWORK_HOST not in refusal.reason
+
+
+def test_a_door_listening_on_every_address_answers_to_any_name_with_the_token() -> None:
+    token = "s3cret-token-of-the-deployment"
+    headers = {"authorization": f"Bearer {token}", "host": "box1.lan:8766"}
+    assert Guard(hosts=frozenset({"0.0.0.0"}), tokens=frozenset({token})).judge(Route.API, headers) is None
+    refusal = Guard(hosts=frozenset({"10.0.0.5"}), tokens=frozenset({token})).judge(Route.API, headers)
+    assert refusal is not None and refusal.status == 403
+
+
+def test_the_gateway_front_sends_the_token_with_the_agents_api_only_and_never_for_a_web_page(
+    settings: Settings, stub: Any, tmp_path: Path
+) -> None:
+    """The front puts the deployment's token on what it forwards, and smg takes that token as its API
+    key on its own routes too (``/workers``: a worker added there gets the token on its probes). So:
+    every route any door declares, walked from a local program and from a web page; only the agents'
+    API of a local program ever reaches the gateway (the stub stands in for smg)."""
+    from oc_prefix_cache.doors import token
+    from oc_prefix_cache.doors.front import Front
+    from oc_prefix_cache.doors.guard import FRONT_ROUTES, NETWORK_ROUTES
+
+    token_path = tmp_path / "secret" / "token"
+    token.create(token_path)
+    server = ProxyServer(Front(settings=settings, gateway=stub.url, tokens=token.TokenFile(token_path)), port=0)
+    server.start()
+    cases = {(m, p) for rules in (FRONT_ROUTES, PROXY_ROUTES, NETWORK_ROUTES) for m, p, _ in door_cases(rules)}
+    cases |= {("GET", "/workers"), ("POST", "/workers"), ("GET", "/metrics"), ("POST", "/v1/messages/count_tokens")}
+    try:
+        for method, path in sorted(cases):
+            kind = route_of(FRONT_ROUTES, method, path)
+            for headers in ({}, *FOREIGN):
+                before = len(stub.seen)
+                answer = send(server.url, method, path, headers)
+                reached = stub.seen[before:]
+                if kind is Route.API and not headers:
+                    assert answer.status_code == 200 and reached, (method, path)
+                else:
+                    assert not reached, (method, path, headers, reached)
+                    local_own = kind is Route.OWN and not headers
+                    allowed = (200,) if kind is Route.PROBE else (200, 404) if local_own else (403, 404)
+                    assert answer.status_code in allowed, (method, path, headers)
+    finally:
+        server.stop()
