@@ -397,6 +397,15 @@ def _plugin_turn(http: httpx.Client, doors: Doors, agent: Agent, raw: bytes, sta
 def _stream(
     http: httpx.Client, url: str, raw: bytes, headers: dict[str, str], started: float
 ) -> tuple[int, bytes, float]:
+    status, tail, ttft, _ = stream_answer(http, url, raw, headers, started)
+    return status, tail, ttft
+
+
+def stream_answer(
+    http: httpx.Client, url: str, raw: bytes, headers: dict[str, str], started: float
+) -> tuple[int, bytes, float, httpx.Headers]:
+    """POST ``raw`` and read the answer as it streams: its status, last 8 KB, time to its first
+    byte, and its headers (boxes_bench.py reads which box answered from them)."""
     ttft = 0.0
     tail = b""
     with http.stream("POST", url, content=raw, headers={**headers, "content-type": "application/json"}) as response:
@@ -405,9 +414,10 @@ def _stream(
                 ttft = time.monotonic() - started
             tail = (tail + chunk)[-8192:]
         status = response.status_code
+        answered = response.headers
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {tail[:200]!r}")
-    return status, tail, ttft
+    return status, tail, ttft, answered
 
 
 def drive(
@@ -420,6 +430,7 @@ def drive(
     warmup: bool = False,
     on_start: Callable[[], None] | None = None,
     together: threading.Barrier | None = None,
+    take_turn: Callable[[httpx.Client, Doors, Agent], Turn] | None = None,
 ) -> None:
     """Every agent in its own thread until the window ends; turns ending later are not counted.
 
@@ -430,14 +441,16 @@ def drive(
     ``on_start``: called when the window opens (the counters' baseline). ``together``: drives
     run side by side (two ocpc processes on one server) open their windows at once, after every
     first request of every drive: otherwise one drive's window can pass while the other's first
-    requests still fill the server."""
+    requests still fill the server. ``take_turn``: what one turn is (default ``one_turn``;
+    boxes_bench.py's also records which box served it)."""
     guard = threading.Lock()
+    take = take_turn or one_turn
     if warmup:
 
         def first(agent: Agent) -> None:
             try:
                 with loopback.client(timeout=httpx.Timeout(1800, connect=10)) as http:
-                    one_turn(http, doors, agent)
+                    take(http, doors, agent)
             except Exception as exc:  # noqa: BLE001 (a bench records every failure)
                 with guard:
                     point.failed.append(f"{agent.name} (first request): {type(exc).__name__}: {exc}"[:300])
@@ -459,7 +472,7 @@ def drive(
         with loopback.client(timeout=httpx.Timeout(600, connect=10)) as http:
             while time.monotonic() < end:
                 try:
-                    turn = one_turn(http, doors, agent)
+                    turn = take(http, doors, agent)
                 except Exception as exc:  # noqa: BLE001 (a bench records every failure)
                     restarting = (
                         fault is not None
@@ -514,11 +527,14 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
-def start(binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...]) -> LlamaServer:
+def start(
+    binary: Path, model: Path, home: Path, *, n: int, args: tuple[str, ...], host: str = "127.0.0.1"
+) -> LlamaServer:
     config = ServerConfig(
         binary=binary,
         model=model,
-        port=free_port(),
+        port=free_port(host),
+        host=host,
         slot_dir=home / "slots",
         ctx_size=CTX_PER_SLOT * n,
         parallel=n,

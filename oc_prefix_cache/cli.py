@@ -290,8 +290,12 @@ def gateway(
         int | None, typer.Option(min=1, max=65535, help="smg's port (loopback; default: a free one).")
     ] = None,
     policy: Annotated[
-        str, typer.Option(help="smg's policy; consistent_hashing routes by ocpc's conversation key.")
-    ] = "consistent_hashing",
+        str,
+        typer.Option(
+            help="smg's policy: manual (a new conversation to the box with the fewest, then kept there) or "
+            "consistent_hashing both route by ocpc's conversation key."
+        ),
+    ] = "manual",
     gateway_url: Annotated[
         str | None, typer.Option("--gateway-url", help="An smg you run yourself: start only the front, before it.")
     ] = None,

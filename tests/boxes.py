@@ -136,7 +136,7 @@ class Gateway:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, boxes: Sequence[Box], *, policy: str = "consistent_hashing") -> None:
+    def start(self, boxes: Sequence[Box], *, policy: str = "manual") -> None:
         argv = [*OCPC, "gateway", "--port", str(self.port), "--policy", policy]
         for box in boxes:
             argv += ["--box", box.door]

@@ -2,7 +2,9 @@
 
 One foreground command, two parts, both stopped by Ctrl-C or SIGTERM: smg (the Shepherd Model
 Gateway, the ``gateway`` extra) as a child process in its own process group, on loopback, routing
-by ``consistent_hashing`` on the routing key; and the front (doors/front.py), on loopback, where the
+by the routing key (``manual``: a new conversation to the box with the fewest, then kept there;
+bench/results/boxes-policy-2026-12-06.json: ``consistent_hashing`` put 7 of 8 conversations on one
+box in one run, 1 and 3 of 4 in another); and the front (doors/front.py), on loopback, where the
 agents point. ocpc does not route: smg picks the box, ocpc keys the conversation and keeps each
 box's cache warm.
 
@@ -31,8 +33,10 @@ from oc_prefix_cache.llama.server_process import free_port
 from oc_prefix_cache.llama.supervisor import Supervised
 from oc_prefix_cache.settings import LOOPBACK_HOSTS, Settings
 
-#: The policies ocpc's front is made for; the others route without the conversation's key.
-POLICIES = ("consistent_hashing", "cache_aware", "round_robin", "random", "power_of_two")
+#: The policies ocpc's front is made for (both route by the conversation's key: ``manual`` pins each
+#: new key to the box with the fewest keys, then keeps it there; ``consistent_hashing`` hashes it);
+#: the others route without it.
+POLICIES = ("manual", "consistent_hashing", "cache_aware", "round_robin", "random", "power_of_two")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +63,8 @@ class GatewayPlan:
             *self.boxes,
             "--policy",
             self.policy,
+            # a new conversation goes to the box with the fewest conversations, and stays (manual)
+            *(["--assignment-mode", "min_group"] if self.policy == "manual" else []),
             # the one header ocpc's front keys a conversation by (harness/routing_key.py)
             "--routing-key-headers",
             "x-smg-routing-key",
@@ -87,7 +93,7 @@ def plan(boxes: Sequence[str], *, policy: str, smg_host: str, smg_port: int | No
             raise ConfigError(f"--box {url!r}: give the box's door as http://HOST:PORT")
     if policy not in POLICIES:
         raise ConfigError(
-            f"--policy {policy!r}: one of {', '.join(POLICIES)} (ocpc's key routes with consistent_hashing)"
+            f"--policy {policy!r}: one of {', '.join(POLICIES)} (ocpc's key routes with manual or consistent_hashing)"
         )
     return GatewayPlan(
         boxes=tuple(url.rstrip("/") for url in boxes),

@@ -2,7 +2,7 @@
 
 Two `ocpc launch --listen` boxes share one store folder; box1 runs its own copy of the model (another
 path, another mtime) and its own copy of the server binary, so nothing of a file's identity is a path.
-Through `ocpc gateway` (smg, consistent hashing on ocpc's key):
+Through `ocpc gateway` (smg, pinning each conversation by ocpc's key):
 
 1. a conversation's first turn lands on one box, which warms the head and parks the conversation
    after the turn (with a store, every turn is parked) and publishes both;

@@ -60,3 +60,10 @@ def test_the_command_line_names_the_token_file_never_the_token(tmp_path: Path) -
 def test_a_wrong_gateway_is_refused_before_anything_starts(boxes: tuple[str, ...], policy: str) -> None:
     with pytest.raises(ConfigError):
         gateway.plan(boxes, policy=policy, smg_host="127.0.0.1", smg_port=None)
+
+
+def test_the_default_policy_pins_each_new_conversation_to_the_box_with_the_fewest() -> None:
+    plan = gateway.plan(BOXES, policy="manual", smg_host="127.0.0.1", smg_port=30001)
+    args = smg_launch.parse_router_args(with_key(plan.smg_args()[1:], "a" * 32))
+    assert (args.policy, args.assignment_mode) == ("manual", "min_group")
+    assert list(args.routing_key_headers) == ["x-smg-routing-key"]
