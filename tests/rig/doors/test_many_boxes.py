@@ -164,7 +164,7 @@ def test_every_agents_request_goes_through_the_gateway_keyed_and_prepared_on_a_b
     boxes, gateway = deployment
     with direct() as client:
         client.timeout = httpx.Timeout(600)
-        for relative, adapter in EVERY_AGENT:
+        for relative, _ in EVERY_AGENT:
             body, headers, path = capture_request(relative)
             answer = client.post(f"{gateway.url}{path}", json=body, headers=headers)
             assert answer.status_code == 200, (relative, answer.text[:500])
