@@ -129,7 +129,7 @@ def test_a_file_of_a_version_the_server_cannot_restore_stands_ocpc_down_after_on
         daemon.stop()
 
 
-def test_the_self_test_runs_again_only_when_the_binary_or_the_model_file_changes(
+def test_the_self_test_runs_again_only_when_the_binary_or_the_models_content_changes(
     gemma_on: Any, models: dict[str, Path], tmp_path: Path
 ) -> None:
     settings = Settings.from_env(dict(os.environ))
@@ -149,9 +149,17 @@ def test_the_self_test_runs_again_only_when_the_binary_or_the_model_file_changes
     binary.parent.mkdir()
     shutil.copy2(older, binary)
     assert first_session(gemma_on(binary=binary)).get("selftest:usable") == 1
-    model = tmp_path / "gemma-copy.gguf"  # the same weights, another model file
-    shutil.copy(models["gemma3"], model)
-    assert first_session(gemma_on(model=model)).get("selftest:usable") == 1
+    model = tmp_path / "gemma-copy.gguf"  # the same weights in another file (another path and mtime):
+    shutil.copy(models["gemma3"], model)  # the same identity (by content, issue 39), the result kept
+    assert "selftest:usable" not in first_session(gemma_on(model=model))
+    changed = tmp_path / "gemma-changed.gguf"  # one byte of its weights changed: another model
+    changed.write_bytes(models["gemma3"].read_bytes())
+    with open(changed, "r+b") as handle:
+        handle.seek(-64, os.SEEK_END)
+        byte = handle.read(1)
+        handle.seek(-64, os.SEEK_END)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    assert first_session(gemma_on(model=changed)).get("selftest:usable") == 1
     kept = Capabilities(settings.capabilities_path).all()
     assert len(kept) == 3 and {c.version for c in kept} == {3, 4} and all(c.usable for c in kept), kept
     assert json.loads(settings.capabilities_path.read_text())["version"] == 1

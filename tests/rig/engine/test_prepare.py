@@ -209,7 +209,11 @@ def test_changed_tools_give_a_new_fingerprint_and_a_warm(prep) -> None:
     assert result.fingerprint != original.fingerprint
 
 
-def test_touched_model_file_gives_a_new_fingerprint(prep, models, tmp_path: Path) -> None:
+def test_a_touched_model_file_keeps_its_fingerprint_and_a_changed_byte_gives_a_new_one(
+    prep, models, tmp_path: Path
+) -> None:
+    """Identity is the model's content (issue 39): a touched file (another mtime, as a copy or a
+    restore from backup gives) means what it meant; one changed byte of its weights does not."""
     private = tmp_path / "model.gguf"
     private.write_bytes(models["qwen3"].read_bytes())
     server, rig = prep("qwen3")
@@ -218,7 +222,15 @@ def test_touched_model_file_gives_a_new_fingerprint(prep, models, tmp_path: Path
     original = rig.prepare(PROJ_A)
     os.utime(private, ns=(private.stat().st_atime_ns, private.stat().st_mtime_ns + 10**9))
     server.restart()
-    result = rig.prepare(PROJ_B, session="ses_2")
+    touched = rig.prepare(PROJ_B, session="ses_2")
+    assert touched.action == "restored" and touched.fingerprint == original.fingerprint, touched
+    with open(private, "r+b") as handle:  # a weight's byte near the end of the tensor data
+        handle.seek(-64, os.SEEK_END)
+        byte = handle.read(1)
+        handle.seek(-64, os.SEEK_END)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    server.restart()
+    result = rig.prepare(PROJ_B, session="ses_3")
     assert result.action == "warmed", result
     assert result.fingerprint != original.fingerprint
 
