@@ -166,6 +166,24 @@ class Gateway:
             stop_group(self.proc, grace=20)  # type: ignore[arg-type]
 
 
+def deployment_in(folder: Path, n: int) -> tuple[list[Box], Gateway]:
+    """``n`` boxes (box i on 127.0.0.(i+2), its home ``folder/box<i>``) and a gateway over them, one
+    token for all of them (made here); nothing started yet."""
+    token = folder / "secrets" / "token"
+    make_token(token)
+    boxes = [
+        Box(
+            name=f"box{i}",
+            home=folder / f"box{i}",
+            address=f"127.0.0.{i + 2}",
+            token_file=token,
+            log=folder / f"box{i}.log",
+        )
+        for i in range(n)
+    ]
+    return boxes, Gateway(home=folder / "gateway", token_file=token, log=folder / "gateway.log")
+
+
 def make_token(path: Path) -> None:
     subprocess.run([*OCPC, "token"], env={**os.environ, "OC_PREFIX_CACHE_TOKEN_FILE": str(path)}, check=True)
 

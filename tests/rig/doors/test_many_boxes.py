@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.boxes import MODEL_ALIAS, Box, Gateway, direct, make_token, pretty, token_of
+from tests.boxes import MODEL_ALIAS, Box, Gateway, deployment_in, direct, pretty, token_of
 from tests.e2e.test_e2e_aider import BIN as AIDER_BIN
 from tests.e2e.test_e2e_aider import aider_home, finish, start_aider, wait_for
 from tests.e2e.test_e2e_claude_code import BIN as CLAUDE_BIN
@@ -32,19 +32,7 @@ TINY_ARGS = ("-c", "32768", *END_AT_ONCE)
 
 @pytest.fixture
 def deployment(models: dict[str, Path], tmp_path: Path) -> Iterator[tuple[list[Box], Gateway]]:
-    token = tmp_path / "secrets" / "token"
-    make_token(token)
-    boxes = [
-        Box(
-            name=f"box{i}",
-            home=tmp_path / f"box{i}",
-            address=f"127.0.0.{i + 2}",
-            token_file=token,
-            log=tmp_path / f"box{i}.log",
-        )
-        for i in range(2)
-    ]
-    gateway = Gateway(home=tmp_path / "gateway", token_file=token, log=tmp_path / "gateway.log")
+    boxes, gateway = deployment_in(tmp_path, 2)
     try:
         for box in boxes:
             box.start(models["qwen35"], server_args=TINY_ARGS)

@@ -28,7 +28,7 @@ import pytest
 
 from oc_prefix_cache.rig.build import Rig
 from tests import workload
-from tests.boxes import MODEL_ALIAS, Box, Gateway, direct, make_token, pretty
+from tests.boxes import MODEL_ALIAS, Box, Gateway, deployment_in, direct, pretty
 from tests.e2e.test_e2e_claude_code import END_AT_ONCE
 from tests.helpers import SUITE_WAIT_S, wait_until
 
@@ -40,8 +40,6 @@ GATE_SLACK = 64  # tokens a restore's gate and the template's turn markers may p
 
 @pytest.fixture
 def shared(rig: Rig, models: dict[str, Path], tmp_path: Path) -> Iterator[tuple[list[Box], Gateway, Path]]:
-    token = tmp_path / "secrets" / "token"
-    make_token(token)
     store = tmp_path / "store"
     copies = tmp_path / "box1-files"
     copies.mkdir()
@@ -50,17 +48,7 @@ def shared(rig: Rig, models: dict[str, Path], tmp_path: Path) -> Iterator[tuple[
     os.utime(model_copy, (time.time() - 86400, time.time() - 86400))  # another mtime too
     binary_copy = copies / "llama-server"
     shutil.copy(rig.server, binary_copy)  # a copy: another path, another mtime, the same bytes
-    boxes = [
-        Box(
-            name=f"box{i}",
-            home=tmp_path / f"box{i}",
-            address=f"127.0.0.{i + 2}",
-            token_file=token,
-            log=tmp_path / f"box{i}.log",
-        )
-        for i in range(2)
-    ]
-    gateway = Gateway(home=tmp_path / "gateway", token_file=token, log=tmp_path / "gateway.log")
+    boxes, gateway = deployment_in(tmp_path, 2)
     env = {"OC_PREFIX_CACHE_SHARED_STORE": str(store)}
     try:
         boxes[0].start(models["qwen35"], server_args=TINY_ARGS, env=env)
